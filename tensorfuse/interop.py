@@ -262,8 +262,12 @@ def memory_span(x) -> tuple[int, int] | None:
         last = sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
         return start, start + (last + 1) * x.element_size()
     if kind == "numpy" and x.size:
-        return tuple(int(b) for b in np.lib.array_utils.byte_bounds(x))
+        return tuple(int(b) for b in _byte_bounds(x))
     return None
+
+
+# NumPy 2 moved it; setup.cfg allows 1.26
+_byte_bounds = getattr(getattr(np.lib, "array_utils", np), "byte_bounds", None)
 
 
 _SPAN_KINDS: dict = {}   # type -> "torch", "numpy" or "" (decided once a type: calls are hot)

@@ -195,6 +195,10 @@ class GraphCallable:
         GEMM's first tiles overwrote rows its other tiles had still to read)."""
         given = kwargs["out"]
         many = isinstance(given, (tuple, list))
+        if len(given if many else (given,)) != len(self.program.outputs):
+            raise CallError(f"out= has {len(given) if many else 1} arrays but "
+                            f"{self.program.name} has {len(self.program.outputs)} outputs",
+                            user_location())
         made = self.invoke(False, args, {n: v for n, v in kwargs.items() if n != "out"})
         pairs = list(zip(given, made)) if many else [(given, made)]
         for c, (g, m) in zip(self.program.outputs, pairs):
