@@ -268,8 +268,6 @@ def out_overlaps_an_argument(args: tuple, kwargs: dict) -> bool:
     if not spans:
         return False
     for x in (*args, *(v for n, v in kwargs.items() if n != "out")):
-        if type(x) in (int, float, bool):
-            continue
         span = memory_span(x)
         if span is not None and any(a < span[1] and span[0] < b for a, b in spans):
             return True

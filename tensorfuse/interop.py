@@ -267,7 +267,7 @@ def memory_span(x) -> tuple[int, int] | None:
 
 
 # NumPy 2 moved it; setup.cfg allows 1.26
-_byte_bounds = getattr(getattr(np.lib, "array_utils", np), "byte_bounds", None)
+_byte_bounds = getattr(np.lib, "array_utils", np).byte_bounds
 
 
 _SPAN_KINDS: dict = {}   # type -> "torch", "numpy" or "" (decided once a type: calls are hot)
