@@ -5,6 +5,7 @@ timed, rows written after each kernel; ``--tune`` tunes each kernel at its call'
 times it again."""
 import argparse
 import datetime
+import statistics
 from dataclasses import dataclass, field
 
 import torch
@@ -12,8 +13,8 @@ import torch
 import tensorfuse as tf
 from tensorfuse.binding import bind_call
 from benchmarks.attention import checked_output
-from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, measure_ceilings,
-                               measure_f32_gemm, same_bytes_copy, write_csv)
+from benchmarks.common import (TENSORFUSE, TORCH_COMPILE, TORCH_EAGER, Row, alternated,
+                               measure_ceilings, measure_f32_gemm, same_bytes_copy, write_csv)
 
 
 class Recorded:
@@ -102,16 +103,27 @@ def run(suite: dict, only: list[str] | None = None, log=print, tune: int = 0,
 TUNED = f"{TENSORFUSE} tuned"
 
 
+# rounds of timings per implementation: the first with its check, the rest taken in turns
+# over the implementations; the median reported (a disturbance of the GPU's clocks at one
+# kernel's start slowed its first three implementations by 15-30 µs in one H200 run of
+# benchmarks.user_kernels — the decode over one shared cache — and not its last)
+ROUNDS = 3
+
+
 def _timed(case: Case, calls: dict, ceilings: dict, log) -> list[Row]:
-    """A row per implementation in ``calls`` (label → call) whose output matches float64."""
+    """A row per implementation in ``calls`` (label → call) whose output matches float64, its
+    time the median of :data:`ROUNDS` rounds."""
     rows = []
     # a bandwidth-bound kernel's rate beside what a copy of the same bytes reaches
     same = same_bytes_copy(case.bytes) if case.bytes and not case.flops else None
+    right = {}
     for label, call in calls.items():
         made = checked_output(call, case.reference, f"{label} {case.name}", log, pick=case.pick)
-        if made is None:
-            continue
-        ms, err = made
+        if made is not None:
+            right[label] = made
+    more = alternated({label: calls[label] for label in right}, ROUNDS - 1, rep_ms=200)
+    for label, (first, err) in right.items():
+        ms = statistics.median([first, *more[label]])
         tflops = case.flops / ms / 1e9
         gbps = case.bytes / ms / 1e6
         if case.ceiling and case.ceiling not in ceilings:

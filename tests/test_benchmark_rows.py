@@ -49,6 +49,8 @@ def test_a_bandwidth_rows_note_sets_it_beside_a_copy_of_the_same_bytes(monkeypat
                         (call(), 1e-3))
     monkeypatch.setattr(kernel_suite, "same_bytes_copy",
                         lambda moved: copies.append(moved) or 4000.0)
+    monkeypatch.setattr(kernel_suite, "alternated", lambda calls, rounds, rep_ms:
+                        {label: [call()] * rounds for label, call in calls.items()})
     ceilings = {"copy_tbps": 4.0, "gemm_tflops": 700.0}
     calls = {"tensorfuse": lambda: 0.05, "torch_compile": lambda: 0.1}
     rows = kernel_suite._timed(kernel_suite.Case("rows", "4", None, {}, None, None, bytes=1.6e8),
@@ -59,6 +61,31 @@ def test_a_bandwidth_rows_note_sets_it_beside_a_copy_of_the_same_bytes(monkeypat
     rows = kernel_suite._timed(kernel_suite.Case("gemm", "4", None, {}, None, None, flops=1e12),
                                calls, ceilings, lambda line: None)
     assert copies == [1.6e8] and "copy" not in rows[0].note
+
+
+def test_a_suite_kernels_time_is_the_median_of_rounds_taken_in_turns(monkeypatch):
+    """``kernel_suite._timed``: every implementation checked (and timed once) first, a wrong one
+    left out, then the rest timed in turns over the further rounds; each row the median of its
+    rounds, so one slow round (the GPU disturbed as a kernel's timings start) moves nothing."""
+    pytest.importorskip("torch")
+    from benchmarks import kernel_suite
+
+    firsts = {"tensorfuse": 0.08, "sdpa": 0.07, "wrong": None}
+    monkeypatch.setattr(kernel_suite, "checked_output", lambda call, ref, label, log, pick:
+                        None if firsts[label.split()[0]] is None else
+                        (firsts[label.split()[0]], 1e-3))
+    turns = []
+
+    def alternated(calls, rounds, rep_ms):
+        turns.append((list(calls), rounds))
+        return {"tensorfuse": [0.05, 0.051], "sdpa": [0.068, 0.069]}
+
+    monkeypatch.setattr(kernel_suite, "alternated", alternated)
+    calls = dict.fromkeys(firsts, lambda: None)
+    rows = kernel_suite._timed(kernel_suite.Case("decode", "4", None, {}, None, None, flops=1e9),
+                               calls, {"gemm_tflops": 700.0}, lambda line: None)
+    assert turns == [(["tensorfuse", "sdpa"], kernel_suite.ROUNDS - 1)]
+    assert [(r.implementation, r.ms) for r in rows] == [("tensorfuse", 0.051), ("sdpa", 0.069)]
 
 
 def test_decode_sweeps_time_every_checked_implementation_in_alternated_rounds(monkeypatch):
