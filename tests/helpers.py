@@ -217,10 +217,11 @@ def clear_of(x, *thresholds, margin: float = 1e-4, rounds: int = 50):
 def relative_error(out, want) -> float:
     """The largest absolute error of ``out`` (any device, any float dtype) against a float64
     ``want``, relative to ``want``'s largest magnitude (outputs of a kernel of several: the
-    worst of them)."""
+    worst of them; an all-zero ``want``: the absolute error)."""
     if isinstance(out, tuple):
         return max(relative_error(o, w) for o, w in zip(out, want, strict=True))
-    return float((out.double().cpu() - want.cpu()).abs().max() / want.abs().max())
+    scale = want.abs().max()
+    return float((out.double().cpu() - want.cpu()).abs().max() / (scale if scale > 0 else 1))
 
 
 def poisoned_call(made, program, args: dict, want) -> tuple:
