@@ -20,7 +20,7 @@ from .dsl.expr import user_location
 from .dsl.program import Program, ScalarParam, TensorParam, torch_symbolic
 from .errors import CallError
 from .dsl.evaluate import axis_sizes_for
-from .dsl.index_bounds import affine_reads, overruns
+from .dsl.index_bounds import affine_reads, index_scalars, overruns
 from .index_checks import IndexOutOfRange, check_gathers, checks_indices, gathers
 from .interop import ArrayInfo, describe, is_array, memory_span, torch_output
 
@@ -80,17 +80,30 @@ def check_named_sizes(program: Program, dims: dict, complete: bool) -> None:
 _AFFINE_READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def check_index_arithmetic(program: Program, dims: dict) -> None:
-    """Refuse sizes at which an index computed from axes (``x[i, j + half]``) reads outside its
-    dimension (:mod:`~tensorfuse.dsl.index_bounds`): before anything runs, on every target —
-    the reads are found once per program, their ranges once per call signature."""
+def _affine_reads(program: Program) -> list:
     reads = _AFFINE_READS.get(program)
     if reads is None:
         reads = _AFFINE_READS[program] = affine_reads(program)
+    return reads
+
+
+def check_index_arithmetic(program: Program, dims: dict, scalars: dict | None = None) -> None:
+    """Refuse sizes (and ``scalars``' values) at which an index computed from axes
+    (``x[i, j + half]``, ``x[b, j + shift]``) reads outside its dimension
+    (:mod:`~tensorfuse.dsl.index_bounds`): before anything runs, on every target — the reads are
+    found once per program, their ranges once per call signature, and on every call where an
+    index reads a scalar (:func:`index_scalars_of`)."""
+    reads = _affine_reads(program)
     if reads:
-        problems = overruns(program, reads, axis_sizes_for(program, dims), dims)
+        problems = overruns(program, reads, axis_sizes_for(program, dims), dims, scalars)
         if problems:
             raise IndexOutOfRange(problems[0], user_location())
+
+
+def index_scalars_of(program: Program) -> tuple[str, ...]:
+    """The scalar parameters that index arithmetic reads (``shift`` in ``x[b, j + shift]``):
+    a call with another value is checked again, so no fast path skips them."""
+    return index_scalars(_affine_reads(program))
 
 
 def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -> BoundCall:
@@ -136,7 +149,7 @@ def bind_call(program: Program, args: tuple, kwargs: dict, target_device: str) -
     if conflicts:
         raise CallError(conflicts[0], user_location())
     if not empties:   # an empty call reads nothing
-        check_index_arithmetic(program, dims)
+        check_index_arithmetic(program, dims, scalars)
 
     frameworks = {i.framework for i in infos.values()}
     devices = {i.device for i in infos.values() if i.framework != "numpy"}
@@ -372,6 +385,7 @@ class CallBinder:
         self.checks = 0
         # gathered indices, checked on every call where the device is checked (index_checks)
         self.gathers = gathers(program) if checks_indices(target_device) else []
+        self.index_scalars = index_scalars_of(program)   # index arithmetic checked per call
 
     def __call__(self, args: tuple, kwargs: dict, key=False) -> BoundCall:
         """The bound call; ``key``: the call's :func:`signature_key` when the caller has made it
@@ -420,6 +434,8 @@ class CallBinder:
                 arrays[name] = value
         bound = object.__new__(BoundCall)   # a copy of the first call's binding, cheaply
         bound.__dict__.update(known.__dict__, arrays=arrays, scalars=scalars, outs=outs)
+        if self.index_scalars:
+            check_index_arithmetic(self.program, bound.dims, scalars)
         return bound
 
 

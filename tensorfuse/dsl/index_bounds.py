@@ -10,17 +10,20 @@ memory past the tensor — a wrong result with no error.
 So every read index that is neither an axis alone (bound to its dimension when traced) nor a
 gather (data: :mod:`tensorfuse.index_checks`) has its range computed from the call's sizes and
 refused when it leaves ``[0, size)``. The range is computed by interval arithmetic, exact where
-every axis occurs once in the index (each extreme is reached by some point of the axes); an
-index that reads an axis twice, a scalar or a computed value is left unchecked, as is a read
-under a ``T.where`` branch (its condition is the user's guard: ``T.where(t >= k, x[b, t - k],
-…)``, a padded convolution's taps).
+every axis occurs once in the index (each extreme is reached by some point of the axes). A
+scalar parameter in an index (``x[b, j + shift]``) takes the call's value, so such reads are
+checked on every call, not once per sizes (:func:`index_scalars`). An index that reads an axis
+twice or a computed value is left unchecked, as is a read under a ``T.where`` branch (its
+condition is the user's guard: ``T.where(t >= k, x[b, t - k], …)``, a padded convolution's
+taps).
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
-from .expr import Axis, Binary, Cast, Const, DimSize, Expr, Load, Unary, Where, is_gathered
+from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Scalar, Unary, Where,
+                   is_gathered)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,20 @@ def affine_reads(program) -> list[AffineRead]:
         for body in c.bodies:
             visit(body)
     return list(found.values())
+
+
+def index_scalars(reads: list[AffineRead]) -> tuple[str, ...]:
+    """The scalar parameters ``reads``' indices read (``shift`` in ``x[b, j + shift]``): their
+    ranges change with each call's values, not only with the sizes."""
+    found: dict[str, None] = {}
+    for r in reads:
+        stack = [r.load.indices[r.position]]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Scalar):
+                found[e.name] = None
+            stack.extend(e.children())
+    return tuple(found)
 
 
 def _bounded(index: Expr) -> bool:
@@ -90,35 +107,43 @@ _OPS = {"add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
         "min": lambda a, b: (min(a[0], b[0]), min(a[1], b[1]))}
 
 
-def index_range(index: Expr, axis_sizes: dict, dims: dict) -> tuple[int, int] | None:
+def index_range(index: Expr, axis_sizes: dict, dims: dict,
+                scalars: dict | None = None) -> tuple[int, int] | None:
     """The smallest and largest value of ``index`` over its axes (``axis_sizes``: extent by
-    axis uid), or None where this module does not bound it."""
+    axis uid) at the call's ``scalars`` (name → value), or None where this module does not
+    bound it (a scalar not given: code made for sizes alone)."""
     if isinstance(index, Axis):
         return 0, axis_sizes[index.uid] - 1
     if isinstance(index, Const):
         return int(index.value), int(index.value)
     if isinstance(index, DimSize):
         return dims[index.name], dims[index.name]
+    if isinstance(index, Scalar):
+        value = (scalars or {}).get(index.name)
+        return None if not isinstance(value, int) else (value, value)
     if isinstance(index, Cast):
-        return index_range(index.a, axis_sizes, dims)
+        return index_range(index.a, axis_sizes, dims, scalars)
     if isinstance(index, Unary) and index.op == "neg":
-        inner = index_range(index.a, axis_sizes, dims)
+        inner = index_range(index.a, axis_sizes, dims, scalars)
         return None if inner is None else (-inner[1], -inner[0])
     if isinstance(index, Binary) and index.op in _OPS:
-        a, b = index_range(index.a, axis_sizes, dims), index_range(index.b, axis_sizes, dims)
+        a = index_range(index.a, axis_sizes, dims, scalars)
+        b = index_range(index.b, axis_sizes, dims, scalars)
         return None if a is None or b is None else _OPS[index.op](a, b)
     return None
 
 
-def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict) -> list[str]:
-    """What each of ``reads`` reaches outside its dimension at these sizes, said for the user
-    (the read, the range, the axes' extents and the two ways to write it)."""
+def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict,
+             scalars: dict | None = None) -> list[str]:
+    """What each of ``reads`` reaches outside its dimension at these sizes and ``scalars``, said
+    for the user (the read, the range, the axes' extents and scalars' values, and the two ways
+    to write it)."""
     from .printer import to_text
 
     problems = []
     for r in reads:
         index = r.load.indices[r.position]
-        found = index_range(index, axis_sizes, dims)
+        found = index_range(index, axis_sizes, dims, scalars)
         dim = r.load.param.dims[r.position]
         size = dim if isinstance(dim, int) else dims[dim]
         if found is None or (found[0] >= 0 and found[1] < size):
@@ -126,14 +151,19 @@ def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict) -> 
         axes = sorted({a.uid: a for a in _axes(index)}.values(), key=lambda a: a.name)
         read = f"{r.load.param.name}[{', '.join(to_text(i) for i in r.load.indices)}]"
         where = f"{read} reads dimension {r.position} of {r.load.param.name} ({dim}={size})"
+        names = index_scalars([r])
+        given = [f"{n} = {scalars[n]}" for n in names]
         if not axes:   # a constant index (a slice of a packed tensor: qkv[..., 2, ...])
-            problems.append(f"{program.name}: {where} at {found[0]}, outside 0…{size - 1}")
+            at = f" ({', '.join(given)})" if given else ""
+            problems.append(f"{program.name}: {where} at {found[0]}{at}, outside 0…{size - 1}")
             continue
-        extents = ", ".join(f"{a.name} over 0…{axis_sizes[a.uid] - 1}" for a in axes)
+        extents = ", ".join([f"{a.name} over 0…{axis_sizes[a.uid] - 1}" for a in axes] + given)
+        advice = f"Call it with {' and '.join(names)} keeping the index inside, declare" \
+            if names else "Declare"
         problems.append(
             f"{program.name}: {where} at {to_text(index)} = {found[0]}…{found[1]}, outside "
             f"0…{size - 1} ({extents}: an axis takes the size of the first dimension it indexes "
-            "alone). Declare the axis with the extent it runs over (T.axis(name, size "
+            f"alone). {advice} the axis with the extent it runs over (T.axis(name, size "
             "expression)), or read it under T.where(condition, ..., fill) where the index is "
             "inside")
     return problems

@@ -11,7 +11,7 @@ CUDA kernels' :class:`~tensorfuse.targets.cuda.kernel.ClusterFastCall`) builds o
 """
 from __future__ import annotations
 
-from ..binding import signature_key
+from ..binding import index_scalars_of, signature_key
 from ..interop import ALIGNMENT, launchable, is_torch, tma_servable, torch_dtype
 
 # the kind of a tensor parameter the kernel reads by its own strides (:func:`tma_servable`); a
@@ -55,7 +55,8 @@ def call_layout(program, args: tuple, bound, scalar_kinds: dict, outputs: list,
     - likes: per output, the position among the tensor parameters of one of its shape and dtype
       (``torch.empty_like`` of it costs the host less than ``torch.empty``), or None;
     - guards: ``(place, value)`` of the scalars in ``guarded`` (those the launches were made for:
-      tuning records kept per window, a map's width), whose other values take the checked path.
+      tuning records kept per window, a map's width) and of those index arithmetic reads
+      (``x[b, j + shift]``: checked per value), whose other values take the checked path.
     """
     params = []
     for k, p in enumerate(program.params):
@@ -66,6 +67,8 @@ def call_layout(program, args: tuple, bound, scalar_kinds: dict, outputs: list,
     likes = [next((k for k, x in enumerate(tensors) if tuple(x.shape) == tuple(shape)
                    and x.dtype == torch_dtype(dtype)), None) for _, shape, dtype in outputs]
     places = {name: place for name, place, _ in params}
+    # scalars read by index arithmetic too: another value is checked against the dimensions
+    guarded = dict.fromkeys((*guarded, *index_scalars_of(program)))
     guards = [(places[n], bound.scalars[n]) for n in guarded]
     return params, likes, guards
 

@@ -9,7 +9,7 @@ import torch
 
 import tensorfuse as tf
 from tensorfuse import dsl as T
-from tensorfuse.dsl.index_bounds import _bounded, affine_reads, index_range
+from tensorfuse.dsl.index_bounds import _bounded, affine_reads, index_range, index_scalars
 from tensorfuse.dsl.printer import to_text
 from tensorfuse.errors import CallError
 from tensorfuse.index_checks import IndexOutOfRange
@@ -92,12 +92,17 @@ def test_guarded_reversed_and_modular_reads_are_not_refused(rng):
 
 def test_the_reads_checked_and_their_ranges():
     """Which reads are checked (neither an axis alone nor a gather, each axis once, not under a
-    T.where branch), which of them have a range (a scalar's read has none: unchecked), and the
-    exact extremes of arithmetic over axes; an axis read twice is left out."""
+    T.where branch), which of them have a range (a scalar's read has none at sizes alone, one
+    at a call's value), and the exact extremes of arithmetic over axes; an axis read twice is
+    left out."""
     axes = {a.uid: 7 for a in reversed_rows.program.axes}
     ranges = {to_text(r.load.indices[1]): index_range(r.load.indices[1], axes, {"N": 7})
               for r in affine_reads(reversed_rows.program)}
     assert ranges == {"T.size('N') - 1 - j": (0, 6), "(j + shift) % T.size('N')": None}
+    assert [index_range(r.load.indices[1], axes, {"N": 7}, {"shift": 3})
+            for r in affine_reads(reversed_rows.program)] == [(0, 6), (0, 6)]
+    assert index_scalars(affine_reads(reversed_rows.program)) == ("shift",)
+    assert index_scalars(affine_reads(next_step_difference.program)) == ()
     assert affine_reads(guarded_difference.program) == []
     (read,) = affine_reads(next_step_difference.program)
     axes = {a.uid: 9 for a in next_step_difference.program.axes}
@@ -127,3 +132,63 @@ def test_an_axis_declared_over_part_of_a_dimension_reads_its_first_part(rng):
     assert (np.abs(f(x, w) - terms.sum(1)) <= bound).all()
     with pytest.raises(IndexOutOfRange, match=r"reads dimension 1 of x \(N=8\) at k \+ 0 = 0…8"):
         f(x, rng.standard_normal(9).astype(np.float32))
+
+
+@tf.kernel
+def shifted_window_sum(x: T.Tensor["B", "N", "f32"], shift: T.i32):
+    """The sum of N − 8 consecutive values of each row from column ``shift``."""
+    b, j = T.axis("b", "B"), T.axis("j", T.size("N") - 8)
+    return T.sum(x[b, j + shift], over=j)
+
+
+def _window_sums(x: np.ndarray, shift: int) -> np.ndarray:
+    return x[:, shift:shift + x.shape[1] - 8].astype(np.float64).sum(1)
+
+
+def test_an_index_reading_a_scalar_is_checked_at_every_calls_value(rng):
+    """``x[b, j + shift]`` is in range for some values of ``shift`` only: a call whose value
+    takes it out is refused — also after calls of the same sizes took another value (they
+    are bound once per signature: the check is not) — where it read the next row's values."""
+    f = tf.compile(shifted_window_sum, "llvm")
+    x = rng.standard_normal((3, 100)).astype(np.float32)
+    for shift in (5, 8, 0, 5):   # torch tensors: bound in full once per signature
+        got = f(torch.from_numpy(x), shift).numpy()
+        np.testing.assert_allclose(got, _window_sums(x, shift), rtol=1e-5)
+    checks = f._calls.checks
+    with pytest.raises(IndexOutOfRange, match=r"x\[b, j \+ shift\] reads dimension 1 of x "
+                       r"\(N=100\) at j \+ shift = 9…100, outside 0…99 \(j over 0…91, "
+                       r"shift = 9: .*Call it with shift keeping the index inside"):
+        f(torch.from_numpy(x), 9)   # the signature of the calls at 5 and 8
+    assert f._calls.checks == checks   # refused by the per-call check, not a full binding
+    out = torch.full((3,), float("nan"))
+    with pytest.raises(IndexOutOfRange, match="shift = 9"):
+        f(torch.from_numpy(x), 9, out=out)
+    assert out.isnan().all()   # nothing ran
+    with pytest.raises(IndexOutOfRange, match=r"= -1…90, outside 0…99"):
+        f(x, shift=-1)   # NumPy arrays: bound in full on every call
+
+
+def test_a_fast_call_guards_the_scalars_index_arithmetic_reads():
+    """A GPU fast call (a signature's launches kept) is laid out with ``shift`` guarded: a call
+    with another value takes the checked path (GPU-marked below, through the GPU's calls)."""
+    from tensorfuse.binding import bind_call
+    from tensorfuse.targets.signature_call import call_layout
+
+    args = (torch.randn(2, 50), 5)
+    bound = bind_call(shifted_window_sum.program, args, {}, "cpu")
+    _, _, guards = call_layout(shifted_window_sum.program, args, bound, {"shift": int},
+                               [("out", (2,), "f32")])
+    assert guards == [(1, 5)]
+
+
+@pytest.mark.gpu
+def test_an_index_reading_a_scalar_is_checked_on_the_gpus_fast_path():
+    """The GPU's fast calls (a signature's launches kept) take another value of a scalar that
+    index arithmetic reads through the checked path."""
+    f = tf.compile(shifted_window_sum, "cuda")
+    x = torch.randn(64, 4096, device="cuda")
+    for shift in (5, 5, 8):
+        want = torch.from_numpy(_window_sums(x.cpu().numpy(), shift))
+        assert torch.allclose(f(x, shift).double().cpu(), want, rtol=1e-4, atol=1e-3)
+    with pytest.raises(IndexOutOfRange, match="shift = 9"):
+        f(x, 9)
