@@ -19,7 +19,9 @@ and the Triton template) clamp every gathered index (:func:`~tensorfuse.dsl.expr
 into its dimension, so a lane whose value the condition discards — or an unchecked GPU call with
 a bad index — reads an element of the tensor, never memory outside it.
 
-Index expressions that read computed values (an argmax, say) are not checked here.
+Index expressions that read computed values are not checked here: an argmax's position is
+bounded by its axis (:mod:`tensorfuse.dsl.index_bounds`), other values are clamped by the emitters
+(:func:`~tensorfuse.dsl.expr.reads_data`).
 """
 from __future__ import annotations
 

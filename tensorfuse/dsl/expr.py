@@ -539,6 +539,16 @@ class Symbol(Expr):
         return ("symbol", self.name)
 
 
+def reads_data(index: Expr) -> bool:
+    """Whether an index expression's value is data: it reads a tensor (a gather) or a value the
+    kernel computes (``labels[T.argmax(…)]``, a bucket from a sum). No bound on the axes holds
+    it, so the emitters clamp it into its dimension — a lane a ``T.where`` discards, or a value
+    no check could see, reads inside the tensor, never past it."""
+    found = []
+    walk(index, lambda n: found.append(n) if isinstance(n, (Load, Ref)) else None)
+    return bool(found)
+
+
 def is_gathered(index: Expr) -> bool:
     """Whether an index expression reads a tensor: a gather, whose value is data that no bound on
     the axes holds (the emitters clamp it into its dimension; ``tensorfuse.index_checks`` checks

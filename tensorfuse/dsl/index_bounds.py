@@ -12,17 +12,18 @@ gather (data: :mod:`tensorfuse.index_checks`) has its range computed from the ca
 refused when it leaves ``[0, size)``. The range is computed by interval arithmetic, exact where
 every axis occurs once in the index (each extreme is reached by some point of the axes). A
 scalar parameter in an index (``x[b, j + shift]``) takes the call's value, so such reads are
-checked on every call, not once per sizes (:func:`index_scalars`). An index that reads an axis
-twice or a computed value is left unchecked, as is a read under a ``T.where`` branch (its
-condition is the user's guard: ``T.where(t >= k, x[b, t - k], …)``, a padded convolution's
-taps).
+checked on every call, not once per sizes (:func:`index_scalars`). A computed value in an
+index has the range of what computes it (an elementwise value's body; an argmax's position, one
+of its axis's); other computed values are data, clamped by the emitters. An index that reads an
+axis twice is left unchecked, as is a read under a ``T.where`` branch (its condition is the
+user's guard: ``T.where(t >= k, x[b, t - k], …)``, a padded convolution's taps).
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 
-from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Scalar, Unary, Where,
+from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where,
                    is_gathered)
 
 
@@ -61,15 +62,8 @@ def affine_reads(program) -> list[AffineRead]:
 def index_scalars(reads: list[AffineRead]) -> tuple[str, ...]:
     """The scalar parameters ``reads``' indices read (``shift`` in ``x[b, j + shift]``): their
     ranges change with each call's values, not only with the sizes."""
-    found: dict[str, None] = {}
-    for r in reads:
-        stack = [r.load.indices[r.position]]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Scalar):
-                found[e.name] = None
-            stack.extend(e.children())
-    return tuple(found)
+    return tuple(dict.fromkeys(n.name for r in reads for n in _nodes(r.load.indices[r.position])
+                               if isinstance(n, Scalar)))
 
 
 def _bounded(index: Expr) -> bool:
@@ -121,6 +115,13 @@ def index_range(index: Expr, axis_sizes: dict, dims: dict,
     if isinstance(index, Scalar):
         value = (scalars or {}).get(index.name)
         return None if not isinstance(value, int) else (value, value)
+    if isinstance(index, Ref):
+        found = _position(index)
+        return None if found is None else index_range(found, axis_sizes, dims, scalars)
+    if isinstance(index, Where):   # either branch's value
+        a = index_range(index.a, axis_sizes, dims, scalars)
+        b = index_range(index.b, axis_sizes, dims, scalars)
+        return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
     if isinstance(index, Cast):
         return index_range(index.a, axis_sizes, dims, scalars)
     if isinstance(index, Unary) and index.op == "neg":
@@ -130,6 +131,20 @@ def index_range(index: Expr, axis_sizes: dict, dims: dict,
         a = index_range(index.a, axis_sizes, dims, scalars)
         b = index_range(index.b, axis_sizes, dims, scalars)
         return None if a is None or b is None else _OPS[index.op](a, b)
+    return None
+
+
+def _position(ref: Ref) -> Expr | None:
+    """The expression a computed value's range is that of: an elementwise value's body, or the
+    positions an argmax's or argmin's index component is one of (``T.argmax(x[b, c], over=c)``
+    is one of the ``c`` it reduced over; a row where nothing beat the identity is given the
+    first, inside them too); else None (another computed value: data, which the emitters clamp
+    into the dimension)."""
+    c = ref.compute
+    if c.monoid is None:
+        return c.bodies[ref.component]
+    if ref.component == 1 and c.monoid.name in ("argmax", "argmin"):
+        return c.bodies[1]
     return None
 
 
@@ -153,6 +168,15 @@ def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict,
         where = f"{read} reads dimension {r.position} of {r.load.param.name} ({dim}={size})"
         names = index_scalars([r])
         given = [f"{n} = {scalars[n]}" for n in names]
+        computed = sorted({n.compute.name for n in _nodes(index) if isinstance(n, Ref)})
+        if computed:   # the positions an argmax found, arithmetic on them
+            values = ", ".join([f"{n}: computed in the kernel" for n in computed] + given)
+            problems.append(
+                f"{program.name}: {where} at {to_text(index)}, which can be {found[0]}…"
+                f"{found[1]} ({values}), outside 0…{size - 1}. Keep the index inside the "
+                "dimension (T.minimum, T.maximum) or read it under T.where(condition, ..., "
+                "fill) where it is inside")
+            continue
         if not axes:   # a constant index (a slice of a packed tensor: qkv[..., 2, ...])
             at = f" ({', '.join(given)})" if given else ""
             problems.append(f"{program.name}: {where} at {found[0]}{at}, outside 0…{size - 1}")
@@ -169,9 +193,13 @@ def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict,
     return problems
 
 
+def _nodes(e: Expr):
+    """Every node of ``e`` (not following a computed value into its compute)."""
+    yield e
+    for child in e.children():
+        yield from _nodes(child)
+
+
 def _axes(e: Expr):
     """Every axis ``e`` reads, as often as it reads it."""
-    if isinstance(e, Axis):
-        yield e
-    for child in e.children():
-        yield from _axes(child)
+    return (n for n in _nodes(e) if isinstance(n, Axis))

@@ -14,7 +14,7 @@ from tvm import tirx
 
 from ..dsl import dtypes as dt
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
-                        Unary, Where, is_gathered)
+                        Unary, Where, reads_data)
 from ..errors import DSLError
 from .vector_math import fast_exp
 
@@ -112,7 +112,7 @@ def _lower(e: Expr, scope: Scope, own: str) -> tirx.PrimExpr:
         idx = [lower(i, scope, _index_type(scope)) for i in e.indices]
         # a gathered index (data) is clamped into its dimension: a lane a T.where discards, or
         # a bad value on an unchecked call, reads inside the tensor (index_checks)
-        idx = [tirx.max(tirx.min(x, extent - 1), 0) if is_gathered(i) else x
+        idx = [tirx.max(tirx.min(x, extent - 1), 0) if reads_data(i) else x
                for x, i, extent in zip(idx, e.indices, buf.shape)]
         return cast_to(tirx.BufferLoad(buf, idx), dt.compute_dtype(e.param.dtype))
     if isinstance(e, Ref):

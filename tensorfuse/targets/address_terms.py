@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dsl.expr import Binary, Const, Expr, binary, is_gathered
+from ..dsl.expr import Binary, Const, Expr, binary, reads_data
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def _const(e: Expr) -> int | None:
 def _digit(index: Expr, stride: int) -> _Digit | None:
     """``index`` as a digit of an expression, or ``None`` where it reads a tensor (a gather keeps
     its own index: the emitters clamp it into its dimension)."""
-    if is_gathered(index):
+    if reads_data(index):
         return None
     modulus = None
     if isinstance(index, Binary) and index.op == "mod" and _const(index.b):

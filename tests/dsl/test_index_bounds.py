@@ -192,3 +192,60 @@ def test_an_index_reading_a_scalar_is_checked_on_the_gpus_fast_path():
         assert torch.allclose(f(x, shift).double().cpu(), want, rtol=1e-4, atol=1e-3)
     with pytest.raises(IndexOutOfRange, match="shift = 9"):
         f(x, 9)
+
+
+@tf.kernel
+def label_of_max(s: T.Tensor["B", "C", "f32"], labels: T.Tensor["C", "i32"]):
+    """Each row's label: the labels' entry at the row's argmax."""
+    b, c = T.axes("b c")
+    return labels[T.argmax(s[b, c], over=c)]
+
+
+@tf.kernel
+def next_label_of_max(s: T.Tensor["B", "C", "f32"], labels: T.Tensor["C", "i32"]):
+    """The label after the argmax's: past the labels where the argmax is the last class."""
+    b, c = T.axes("b c")
+    return labels[T.argmax(s[b, c], over=c) + 1]
+
+
+@tf.kernel
+def next_label_clamped(s: T.Tensor["B", "C", "f32"], labels: T.Tensor["C", "i32"]):
+    b, c = T.axes("b c")
+    return labels[T.minimum(T.argmax(s[b, c], over=c) + 1, T.size("C") - 1)]
+
+
+@tf.kernel
+def bucket_of_count(x: T.Tensor["B", "C", "f32"], table: T.Tensor["K", "f32"]):
+    """A table's entry at each row's count of positive values: data no bound holds."""
+    b, c = T.axes("b c")
+    return table[T.sum(T.where(x[b, c] > 0.0, 1, 0), over=c)]
+
+
+def test_an_index_from_an_argmax_takes_the_range_of_the_axis_it_reduced(rng):
+    """An argmax's position is one of the reduced axis's: ``labels[idx]`` is in range, and
+    ``labels[idx + 1]`` can read one past the labels — refused before anything runs (the CPU
+    target read the memory after the tensor: 65 and 113 where the labels hold 0…63)."""
+    s = torch.from_numpy(rng.standard_normal((4, 10)).astype(np.float32))
+    s[2, 9] = 100.0   # the last class wins row 2
+    labels = torch.arange(10, dtype=torch.int32) * 7
+    best = s.argmax(1)
+    assert torch.equal(tf.compile(label_of_max, "llvm")(s, labels), labels[best])
+    with pytest.raises(IndexOutOfRange, match=r"labels\[.* \+ 1\] reads dimension 0 of "
+                       r"labels \(C=10\) at .*, which can be 1…10 \(.*computed in the kernel\), "
+                       r"outside 0…9. Keep the index inside"):
+        tf.compile(next_label_of_max, "llvm")(s, labels)
+    got = tf.compile(next_label_clamped, "llvm")(s, labels)
+    assert torch.equal(got, labels[(best + 1).clamp(max=9)])
+
+
+def test_a_computed_index_no_bound_holds_is_clamped_into_its_dimension(rng):
+    """A count used as an index can exceed the table: no check sees it before the kernel runs,
+    so every emitter clamps it (the CPU target read past the table: 0 where 70 is the last
+    entry), as gathered indices are (docs/dsl.md)."""
+    x = torch.from_numpy(rng.standard_normal((6, 12)).astype(np.float32))
+    x[0], x[1] = 1.0, -1.0   # counts of 12 and 0
+    table = torch.arange(8, dtype=torch.float32) * 10
+    got = tf.compile(bucket_of_count, "llvm")(x, table)
+    assert torch.equal(got, table[(x > 0).sum(1).clamp(max=7)])
+    source = tf.compile(bucket_of_count, "cuda:sm_90a").source(B=64, C=4096, K=64)
+    assert "tl.load(table + (tl.minimum(tl.maximum(" in source, source

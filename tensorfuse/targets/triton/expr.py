@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ...algebra.exprs import nodes
 from ...dsl import dtypes as dt
 from ...dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar,
-                         Symbol, Unary, Where, is_gathered)
+                         Symbol, Unary, Where, reads_data)
 from ...errors import TargetError
 from ..address_terms import address_terms
 from .view_strides import view_strides
@@ -338,7 +338,7 @@ def offset(e: Load, ctx: TileContext) -> str:
     size_of = {id(i): n for i, n in zip(e.indices, dim_sizes(e.param, ctx.sizes))}
     for index, stride in address_terms(e.indices, strides(e.param, ctx.sizes)):
         idx = to_triton(index, ctx.child(keep_dtype=False))
-        if is_gathered(index):   # data: clamped into its dimension (see index_checks)
+        if reads_data(index):   # data: clamped into its dimension (see index_checks)
             size = size_of[id(index)]   # a gather is never merged: its own dimension
             idx = f"tl.minimum(tl.maximum({idx}, 0), {size - 1})"
             if stride * size >= 2**31:   # an i32 page number times its stride would wrap
@@ -393,7 +393,7 @@ def _bounds(e: Load, ctx: TileContext) -> list[str]:
     (:func:`offset`)."""
     masks = []
     for index, size in zip(e.indices, dim_sizes(e.param, ctx.sizes)):
-        if isinstance(index, Axis) or is_gathered(index):
+        if isinstance(index, Axis) or reads_data(index):
             continue
         lo, hi = index_range(index, ctx.sizes)
         below = lo is not None and lo < 0
