@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .expr import (Axis, Binary, Cast, Const, DimSize, Expr, Load, Ref, Scalar, Unary, Where,
-                   is_gathered)
+from .expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Unary,
+                   Where, is_gathered)
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,26 @@ def index_scalars(reads: list[AffineRead]) -> tuple[str, ...]:
 def _bounded(index: Expr) -> bool:
     """Whether each axis occurs once in ``index`` (where :func:`index_range` bounds it, its
     extremes are then reached)."""
-    uses = Counter(a.uid for a in _axes(index))
-    return all(n == 1 for n in uses.values())
+    return all(n == 1 for n in _axis_uses(index).values())
+
+
+def _axis_uses(e: Expr) -> Counter:
+    """How often ``index_range``'s arithmetic meets each axis in ``e``: through the computed
+    values whose ranges it takes from what computes them (``x[i - d]`` with ``d = i - 1``
+    reads ``i`` twice: interval arithmetic would widen it); an argmax's guarded position
+    (:func:`_guarded_position`) reads its position once."""
+    if isinstance(e, Axis):
+        return Counter({e.uid: 1})
+    if isinstance(e, Ref):
+        found = _position(e)
+        return Counter() if found is None else _axis_uses(found)
+    guarded = _guarded_position(e)
+    if guarded is not None:
+        return _axis_uses(guarded)
+    uses: Counter = Counter()
+    for child in e.children():
+        uses += _axis_uses(child)
+    return uses
 
 
 def _mul(a, b):
@@ -118,8 +136,8 @@ def index_range(index: Expr, axis_sizes: dict, dims: dict,
     if isinstance(index, Ref):
         found = _position(index)
         return None if found is None else index_range(found, axis_sizes, dims, scalars)
-    if isinstance(index, Where):   # either branch's value
-        a = index_range(index.a, axis_sizes, dims, scalars)
+    if isinstance(index, Where) and _guarded_position(index) is not None:
+        a = index_range(index.a, axis_sizes, dims, scalars)   # a constant, or the position
         b = index_range(index.b, axis_sizes, dims, scalars)
         return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
     if isinstance(index, Cast):
@@ -146,6 +164,20 @@ def _position(ref: Ref) -> Expr | None:
     if ref.component == 1 and c.monoid.name in ("argmax", "argmin"):
         return c.bodies[1]
     return None
+
+
+def _guarded_position(e: Expr) -> Ref | None:
+    """The argmax's or argmin's position ``r`` where ``e`` is ``T.argmax``'s guard on it,
+    ``where(r == identity, constant, r)`` (a row where nothing beat the identity gets the
+    constant): its value is the constant or one of the positions — a select, not arithmetic
+    on ``r`` twice. Else None."""
+    if not isinstance(e, Where) or not isinstance(e.cond, Compare) or e.cond.op != "eq":
+        return None
+    r = e.cond.a
+    if not (isinstance(r, Ref) and _position(r) is not None and isinstance(e.cond.b, Const)
+            and isinstance(e.a, Const) and isinstance(e.b, Ref) and e.b.key() == r.key()):
+        return None
+    return r
 
 
 def overruns(program, reads: list[AffineRead], axis_sizes: dict, dims: dict,

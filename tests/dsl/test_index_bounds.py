@@ -215,6 +215,15 @@ def next_label_clamped(s: T.Tensor["B", "C", "f32"], labels: T.Tensor["C", "i32"
 
 
 @tf.kernel
+def mirrored_label(s: T.Tensor["B", "C", "f32"], labels: T.Tensor["C", "i32"]):
+    """The argmax's position read three times: in range, though interval arithmetic over each
+    reading alone would say -9…18."""
+    b, c = T.axes("b c")
+    am = T.argmax(s[b, c], over=c)
+    return labels[T.size("C") - 1 - am + am - am]
+
+
+@tf.kernel
 def bucket_of_count(x: T.Tensor["B", "C", "f32"], table: T.Tensor["K", "f32"]):
     """A table's entry at each row's count of positive values: data no bound holds."""
     b, c = T.axes("b c")
@@ -236,6 +245,9 @@ def test_an_index_from_an_argmax_takes_the_range_of_the_axis_it_reduced(rng):
         tf.compile(next_label_of_max, "llvm")(s, labels)
     got = tf.compile(next_label_clamped, "llvm")(s, labels)
     assert torch.equal(got, labels[(best + 1).clamp(max=9)])
+    # a position read more than once is left unchecked (clamped), never refused on a range
+    # interval arithmetic widened
+    assert torch.equal(tf.compile(mirrored_label, "llvm")(s, labels), labels[9 - best])
 
 
 def test_a_computed_index_no_bound_holds_is_clamped_into_its_dimension(rng):
