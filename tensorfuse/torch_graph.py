@@ -18,12 +18,13 @@ import re
 import sys
 from contextvars import ContextVar
 
+import numpy as np
+
 from .binding import EmptyCall, bind_call, out_overlaps_an_argument, output_shape
 from .dsl import dtypes as dt
 from .dsl.program import Program, ScalarParam
-from .interop import describe, fill, torch_dtype
-from .dsl.expr import user_location
-from .errors import CallError, TargetError
+from .interop import fill, is_torch, torch_dtype
+from .errors import TargetError
 
 _NUMBERS = itertools.count()
 # What makes a kernel's operator differentiable (``kernel -> object with backward,
@@ -191,22 +192,15 @@ class GraphCallable:
 
     def _into_overlapping(self, args: tuple, kwargs: dict):
         """A call whose ``out=`` shares memory with an argument (``out=x``): computed into new
-        outputs, then copied into the caller's (as torch's in-place ops; written in place, a
-        GEMM's first tiles overwrote rows its other tiles had still to read)."""
+        arrays like the caller's, then copied into them (as torch's in-place ops; written in
+        place, a GEMM's first tiles overwrote rows its other tiles had still to read). The
+        binding checks the new arrays as it checks any ``out=``: their count, shapes and
+        dtypes are the caller's."""
         given = kwargs["out"]
         many = isinstance(given, (tuple, list))
-        if len(given if many else (given,)) != len(self.program.outputs):
-            raise CallError(f"out= has {len(given) if many else 1} arrays but "
-                            f"{self.program.name} has {len(self.program.outputs)} outputs",
-                            user_location())
-        made = self.invoke(False, args, {n: v for n, v in kwargs.items() if n != "out"})
-        pairs = list(zip(given, made)) if many else [(given, made)]
-        for c, (g, m) in zip(self.program.outputs, pairs):
-            if tuple(g.shape) != tuple(m.shape) or describe(g).dtype != c.dtypes[0]:
-                raise CallError(f"out= for output {c.name} must have shape {tuple(m.shape)} "
-                                f"and dtype {c.dtypes[0]}, got {tuple(g.shape)} "
-                                f"{describe(g).dtype}", user_location())
-        filled = [fill(g, m) for g, m in pairs]
+        fresh = [_empty_like(g) for g in (given if many else (given,))]
+        self.invoke(False, args, {**kwargs, "out": fresh if many else fresh[0]})
+        filled = [fill(g, f) for g, f in zip(given if many else (given,), fresh)]
         return tuple(filled) if many else filled[0]
 
     def assembly(self, *which, **dims) -> str:
@@ -262,6 +256,16 @@ class GraphCallable:
 
         return float(triton.testing.do_bench(lambda: self.invoke(False, args, kwargs),
                                              rep=repeat, return_mode="median"))
+
+
+def _empty_like(x):
+    """A new array of ``x``'s shape, dtype and framework (``x`` itself where it is none: the
+    binding then says what an ``out=`` must be)."""
+    if is_torch(x):
+        import torch
+
+        return torch.empty_like(x)
+    return np.empty_like(x) if isinstance(x, np.ndarray) else x
 
 
 def in_graph(kernel):

@@ -359,3 +359,73 @@ def assert_gpu_template_matches(kernel, case, tolerance: float = 2e-2) -> None:
     made = tf.compile(kernel)
     assert runs_a_template(made, args), made
     assert relative_error(made(**args), want) < tolerance, seed
+
+
+def case_tolerance(kernel) -> float:
+    """The relative error a check module's kernel is allowed against float64: 2e-2 where an
+    output is stored in a 16-bit float (its rounding alone is 4e-3) or where a computed float32
+    value is summed against a 16-bit tensor (attention's weights times its values: on the GPU's
+    tensor cores the weights meet the values in the values' type, as ``docs/dsl.md`` says —
+    ~1e-3 on the H200, the float32 outputs of ALiBi and biased attention; Triton's interpreter
+    multiplies in float32 and sees none of it), 1e-5 where all are float32 or integers."""
+    sixteen = {"bf16", "f16"} & {c.dtypes[0] for c in kernel.program.outputs}
+    return 2e-2 if sixteen or _weights_meet_16_bit_values(kernel.program) else 1e-5
+
+
+def _weights_meet_16_bit_values(program) -> bool:
+    """Whether a sum's body multiplies a 16-bit tensor's load by a value computed in the
+    kernel (a reduction's result), the product the tensor cores take in the tensor's type."""
+    from tensorfuse.algebra.exprs import factors, nodes
+    from tensorfuse.dsl.expr import Load, Ref
+
+    for c in program.computes:
+        if c.monoid is None or c.monoid.name != "sum":
+            continue
+        parts = factors(c.bodies[0])
+        if any(isinstance(f, Load) and f.param.dtype in ("bf16", "f16") for f in parts) and \
+                any(isinstance(n, Ref) for f in parts for n in nodes(f)):
+            return True
+    return False
+
+
+def _assert_close_cases(errors: dict, cases: dict, seed: int) -> None:
+    too_far = {n: e for n, e in errors.items() if not e < case_tolerance(cases[n][0])}
+    assert not too_far, f"{too_far} (TENSORFUSE_SEED={seed})"
+
+
+def check_cases_interpreted(module) -> None:
+    """Every case of a check module (``CASES``: name → (kernel, case(generator))) through
+    Triton's interpreter (its ``__main__``, :func:`run_interpreted`) on a fresh seed, within
+    :func:`case_tolerance` of float64."""
+    import pytest
+
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    seed = fresh_seed()
+    errors = run_interpreted(module.__name__, seed)
+    assert set(errors) == set(module.CASES), errors
+    _assert_close_cases(errors, module.CASES, seed)
+
+
+def check_cases_compiled(module, target: str) -> None:
+    """Every case of a check module through ``tf.compile`` for ``target`` on fresh inputs on its
+    device, outputs poisoned, within :func:`case_tolerance` of float64."""
+    import warnings
+
+    import torch
+
+    import tensorfuse as tf
+
+    seed = fresh_seed()
+    generator = torch.Generator().manual_seed(seed)
+    device = "cpu" if target == "llvm" else "cuda"
+    errors = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (kernel, case) in module.CASES.items():
+            args, want = case(generator)
+            args = {n: a.to(device) if isinstance(a, torch.Tensor) else a
+                    for n, a in args.items()}
+            outs = poisoned_call(tf.compile(kernel, target), kernel.program, args, want)
+            wants = want if isinstance(want, tuple) else (want,)
+            errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
+    _assert_close_cases(errors, module.CASES, seed)

@@ -544,15 +544,17 @@ def reads_data(index: Expr) -> bool:
     kernel computes (``labels[T.argmax(…)]``, a bucket from a sum). No bound on the axes holds
     it, so the emitters clamp it into its dimension — a lane a ``T.where`` discards, or a value
     no check could see, reads inside the tensor, never past it."""
-    found = []
-    walk(index, lambda n: found.append(n) if isinstance(n, (Load, Ref)) else None)
-    return bool(found)
+    return _reads(index, (Load, Ref))
 
 
 def is_gathered(index: Expr) -> bool:
     """Whether an index expression reads a tensor: a gather, whose value is data that no bound on
     the axes holds (the emitters clamp it into its dimension; ``tensorfuse.index_checks`` checks
     it)."""
-    loads = []
-    walk(index, lambda n: loads.append(n) if isinstance(n, Load) else None)
-    return bool(loads)
+    return _reads(index, Load)
+
+
+def _reads(index: Expr, kinds) -> bool:
+    found = []
+    walk(index, lambda n: found.append(n) if isinstance(n, kinds) else None)
+    return bool(found)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tensorfuse as tf
-from tests.helpers import fresh_seed, poisoned_call, relative_error
+from tests.helpers import check_cases_compiled, check_cases_interpreted, fresh_seed
 from tests.schedule_templates import (user_written_check, user_written_extra_check,
                                       user_written_more_check)
 from tests.schedule_templates.user_written_check import (cosine_attention, masked_var_tokens,
@@ -20,47 +20,9 @@ from tests.schedule_templates.user_written_check import (cosine_attention, maske
 MODULES = [user_written_check, user_written_more_check, user_written_extra_check]
 
 
-def _tolerance(kernel) -> float:
-    """The relative error allowed a kernel's outputs against float64: 2e-2 where one is stored
-    in a 16-bit float (its rounding alone is 4e-3) or where a computed float32 value is summed
-    against a 16-bit tensor (attention's weights times its values: on the GPU's tensor cores
-    the weights meet the values in the values' type, as ``docs/dsl.md`` says — ~1e-3 on the
-    H200, the float32 outputs of ALiBi and biased attention; Triton's interpreter multiplies in
-    float32 and sees none of it), 1e-5 where all are float32 or integers."""
-    sixteen = {"bf16", "f16"} & {c.dtypes[0] for c in kernel.program.outputs}
-    return 2e-2 if sixteen or _weights_meet_16_bit_values(kernel.program) else 1e-5
-
-
-def _weights_meet_16_bit_values(program) -> bool:
-    """Whether a sum's body multiplies a 16-bit tensor's load by a value computed in the
-    kernel (a reduction's result), the product the tensor cores take in the tensor's type."""
-    from tensorfuse.algebra.exprs import factors, nodes
-    from tensorfuse.dsl.expr import Load, Ref
-
-    for c in program.computes:
-        if c.monoid is None or c.monoid.name != "sum":
-            continue
-        parts = factors(c.bodies[0])
-        if any(isinstance(f, Load) and f.param.dtype in ("bf16", "f16") for f in parts) and \
-                any(isinstance(n, Ref) for f in parts for n in nodes(f)):
-            return True
-    return False
-
-
-def _too_far(errors: dict, cases: dict) -> dict:
-    return {n: e for n, e in errors.items() if not e < _tolerance(cases[n][0])}
-
-
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
 def test_user_written_kernels_match_float64_in_the_triton_interpreter(module):
-    pytest.importorskip("triton", reason="the templates generate Triton kernels")
-    from tests.helpers import run_interpreted
-
-    seed = fresh_seed()
-    errors = run_interpreted(module.__name__, seed)
-    assert set(errors) == set(module.CASES), errors
-    too_far = _too_far(errors, module.CASES)
-    assert not too_far, f"{too_far} (TENSORFUSE_SEED={seed})"
+    check_cases_interpreted(module)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
@@ -70,27 +32,7 @@ def test_user_written_kernels_match_float64_on_the_cpu_target(module):
     feature — crashed building on the CPU: the row of references kept per chunk was indexed
     by the chain's common axes alone, not by the dependency's own (a ``KeyError`` on the
     feature axis)."""
-    _check_compiled(module, "llvm")
-
-
-def _check_compiled(module, target: str) -> None:
-    """Every kernel of ``module`` through ``tf.compile`` for ``target`` on fresh inputs on its
-    device, outputs poisoned, within its dtype's tolerance of float64."""
-    seed = fresh_seed()
-    generator = torch.Generator().manual_seed(seed)
-    device = "cpu" if target == "llvm" else "cuda"
-    errors = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, (kernel, case) in module.CASES.items():
-            args, want = case(generator)
-            args = {n: a.to(device) if isinstance(a, torch.Tensor) else a
-                    for n, a in args.items()}
-            outs = poisoned_call(tf.compile(kernel, target), kernel.program, args, want)
-            wants = want if isinstance(want, tuple) else (want,)
-            errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
-    too_far = _too_far(errors, module.CASES)
-    assert not too_far, f"{too_far} (TENSORFUSE_SEED={seed})"
+    check_cases_compiled(module, "llvm")
 
 
 def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature():
@@ -130,7 +72,7 @@ def test_user_written_kernels_match_float64_on_the_gpu(module):
     """The same kernels as ``tf.compile`` makes them for the GPU at hand (its choice between
     templates, TVM's CUDA and the staged floor, at these small ragged sizes), outputs
     poisoned."""
-    _check_compiled(module, "cuda")
+    check_cases_compiled(module, "cuda")
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
