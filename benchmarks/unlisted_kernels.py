@@ -684,6 +684,43 @@ def _keys_transposed_case(generator, B=2, S=4096, H=16, D=128) -> Case:
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
+@tf.kernel
+def attention_channels_first(q: T.Tensor["B", "H", "D", "S", "bf16"],
+                             k: T.Tensor["B", "H", "D", "S", "bf16"],
+                             v: T.Tensor["B", "H", "D", "S", "bf16"], scale: T.f32):
+    """Attention over a channels-first feature map's heads (``x[B, C, H·W]`` projected and split
+    as ``[B, heads, D, H·W]``), its output ``[B, H, D, S]`` as well."""
+    b, h, e, i, j, d = T.axes("b h e i j d")
+    s = T.sum(q[b, h, d, i] * k[b, h, d, j], over=d) * scale
+    return softmax_attend(s, v[b, h, e, j], j)
+
+
+def _channels_first_case(generator, B=2, S=4096, H=16, D=128) -> Case:
+    """SDPA on the transposed views as they are, and on contiguous copies of them (the copies
+    timed too), its output transposed back into the layout as a view and as a copy; the Triton
+    template, which reads any strides, beside them."""
+    q, k, v = (torch.randn(B, H, D, S, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    scale = D ** -0.5
+    f = Recorded(attention_channels_first)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[..., rows].double().transpose(-1, -2) @ k.double() * scale
+    ref = (torch.softmax(s, -1) @ v.double().transpose(-1, -2)).transpose(-1, -2)
+
+    def sdpa(copy):
+        views = [x.transpose(-1, -2) for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(*(x.contiguous() if copy else x for x in views),
+                                             scale=scale).transpose(-1, -2)
+        return out.contiguous() if copy else out
+    triton = tf.compile(attention_channels_first).template
+    return Case("attention_channels_first", f"B{B} H{H} S{S} D{D} [q, k, v, out: BHDS]",
+                lambda: f(q, k, v, scale=scale),
+                {SDPA: lambda: sdpa(False), SDPA + " (copied contiguous)": lambda: sdpa(True),
+                 TENSORFUSE + " triton": lambda: triton(q, k, v, scale=scale)},
+                ref, lambda out: out[..., rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
 def _float_mask_case(generator, B=2, S=4096, H=16, D=128) -> Case:
     """Left padding (each sequence's first tokens masked) and causal in one float mask, as
     transformers builds it; SDPA with it as ``attn_mask``, FlexAttention with a score_mod
@@ -960,6 +997,7 @@ UNLISTED = {
     "rotary": _rotary_case,
     "biased_attention_bshd": _biased_attention_case,
     "attention_keys_transposed": _keys_transposed_case,
+    "attention_channels_first": _channels_first_case,
     "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
     "gram_matrix": _gram_case,

@@ -5,9 +5,9 @@ A channels-last activation seen as ``[B, C, P]`` (``x.permute(0, 2, 1)``), a wei
 but its innermost axis is strided, so no load along it is a vector and no TMA box can hold it.
 Copying it contiguous before each launch costs a read and a write of the tensor, and the plan
 then still sweeps the program's innermost axis where the data had another one contiguous. The
-general answer is to plan the program as the data lies: :func:`in_memory_order` writes the
-program with each such tensor declared in its memory order (its axes sorted by stride) and its
-reads' indices permuted alike — the same math, so the plans by the roles of axes take it as they
+general answer is to plan the program as the data lies:
+:func:`~tensorfuse.algebra.axis_orders.with_axis_orders` writes the program with each such tensor
+declared in its memory order (its axes sorted by stride) and its reads' indices permuted alike — the same math, so the plans by the roles of axes take it as they
 take a program written that way — and :class:`MemoryOrderKernel` runs that program's kernel on
 the caller's views, permuted back to their memory order (``x.permute(order)``: nothing copied).
 An output over the axes such a tensor is read by is laid out as that tensor is
@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .algebra.exprs import nodes, rewrite_computes
+from .algebra.axis_orders import with_axis_orders
+from .algebra.exprs import nodes
 from .binding import CallBinder, bind_call, split_scalars
 from .dsl.expr import Axis, Load
 from .dsl.program import Program, TensorParam
@@ -58,33 +59,6 @@ def memory_order(x) -> tuple[int, ...] | None:
     for place, axis in zip(spread, ranked):
         order[place] = axis
     return tuple(order)
-
-
-def in_memory_order(program: Program, orders: dict, outputs: dict | None = None) -> Program:
-    """``program`` with each tensor parameter named in ``orders`` (name → the order of its axes,
-    :func:`memory_order`) declared in that order and every read of it indexed alike, and each
-    output named in ``outputs`` (name → order) laid out in that order: the same values, computed
-    from and into tensors laid out as the caller's are in memory."""
-    outputs = outputs or {}
-    params = [TensorParam(p.name, tuple(p.dims[k] for k in orders[p.name]), p.dtype, p.loc)
-              if isinstance(p, TensorParam) and p.name in orders else p for p in program.params]
-    by_name = {p.name: p for p in params}
-
-    def rewrite(node):
-        if isinstance(node, Load) and node.param.name in orders:
-            order = orders[node.param.name]
-            return Load(by_name[node.param.name], tuple(node.indices[k] for k in order),
-                        node.loc)
-        return None
-
-    def axes(c):
-        order = outputs.get(c.name) if c.is_output else None
-        return c.axes if order is None else tuple(c.axes[k] for k in order)
-
-    computes = rewrite_computes(program, rewrite, axes=axes)
-    return Program(program.name, params, list(computes.values()),
-                   [computes[c.name] for c in program.outputs], list(program.axes),
-                   list(program.size_constraints), program.loc)
 
 
 def output_orders(program: Program, orders: dict) -> dict:
@@ -138,9 +112,9 @@ def _inverse(order: tuple) -> tuple:
 
 class MemoryOrderKernel(LiftedKernel):
     """``inner``, a kernel of the program with some tensors declared (and outputs laid out) in
-    their memory order (:func:`in_memory_order`), as a kernel of the program as written: a
-    call's tensors are passed to it permuted to that order (views), and an output laid out so is
-    given back as the view of the program's shape over it."""
+    their memory order (:func:`~tensorfuse.algebra.axis_orders.with_axis_orders`), as a kernel of
+    the program as written: a call's tensors are passed to it permuted to that order (views), and
+    an output laid out so is given back as the view of the program's shape over it."""
 
     who = "read in memory order"
 
@@ -219,9 +193,11 @@ class MemoryOrderFastCall(LiftedFastCall):
 
 
 # what runs a call, best first: a route that would run on a lesser one than the program as
-# written keeps the copy (queries with a strided head dim: the Hopper attention takes q with its
-# head dim contiguous only, the Triton template either way). The Triton contraction's GEMM
-# tiles rank with the native templates: within a few per cent of the Hopper GEMM (a rows
+# written keeps the copy, and so does one whose kernel would copy the routed tensors into
+# another order itself (queries with a strided head dim: the Hopper attention reads q by rows of
+# its head dim, so the program in memory order copies q back: :mod:`.reordered_operands`). The
+# Triton contraction's GEMM tiles rank with the native templates: within a few per cent of the
+# Hopper GEMM (a rows
 # operand passed as x.t(), 8192 × 4096 × 4096 on the H100: 397 µs on the view against 393 for
 # the Hopper GEMM's transposed A, where a copy of x alone would add some 40)
 # Stages that store little between them (a group norm's statistics: a value per group, where
@@ -255,6 +231,16 @@ def _rank(kernel, dims: dict) -> int:
         return _rank(inner, sizes)
     native = type(chosen).__module__.startswith("tensorfuse.targets.cuda")
     return 0 if native or isinstance(chosen, ContractionKernel) else 1
+
+
+def _copied_again(kernel, dims: dict) -> set[str]:
+    """The tensors the kernel that runs ``kernel`` at ``dims`` copies into another order before
+    each call (:class:`~.schedule_templates.reordered_operands.ReorderedKernel`'s)."""
+    from .schedule_templates.reordered_operands import ReorderedKernel
+
+    picks = getattr(kernel, "for_sizes", None)
+    chosen = picks(**dims) if picks is not None else kernel
+    return set(chosen.orders) if isinstance(chosen, ReorderedKernel) else set()
 
 
 class MemoryOrderRoutes:
@@ -303,7 +289,7 @@ class MemoryOrderRoutes:
         """The kernel of the program with ``orders`` (made on first use)."""
         made = self._kernels.get(orders)
         if made is None:
-            inner = self.make(in_memory_order(self.program, dict(orders.orders),
+            inner = self.make(with_axis_orders(self.program, dict(orders.orders),
                                               dict(orders.outputs)))
             made = self._kernels[orders] = MemoryOrderKernel(self.program, orders, inner,
                                                              self.kernel.target)
@@ -335,8 +321,9 @@ class MemoryOrderRoutes:
         (:data:`_RANKS`)."""
         at = (orders, tuple(sorted(dims.items())))
         if at not in self._taken:
-            self._taken[at] = _rank(self.kernel_for(orders).inner, dims) <= \
-                _rank(self.kernel, dims)
+            inner = self.kernel_for(orders).inner
+            self._taken[at] = _rank(inner, dims) <= _rank(self.kernel, dims) and \
+                not _copied_again(inner, dims) & {name for name, _ in orders.orders}
         return self._taken[at]
 
     def cache_info(self) -> list:

@@ -13,7 +13,8 @@ import tensorfuse as tf
 from tensorfuse import dsl as T
 from tensorfuse.algebra.exprs import nodes
 from tensorfuse.dsl.expr import Load
-from tensorfuse.memory_order import Orders, in_memory_order, memory_order, output_orders
+from tensorfuse.algebra.axis_orders import with_axis_orders
+from tensorfuse.memory_order import Orders, memory_order, output_orders
 from benchmarks.gemm import matmul_nk
 from benchmarks.user_kernels import (bshd_causal, group_norm, layernorm_channels,
                                      log_softmax_channels)
@@ -99,7 +100,7 @@ def _reads(program) -> list:
 
 
 def test_the_rewrite_permutes_the_declaration_and_every_read_alike():
-    program = in_memory_order(log_softmax_channels.program, {"x": (0, 2, 1)})
+    program = with_axis_orders(log_softmax_channels.program, {"x": (0, 2, 1)})
     assert program.tensor_params[0].dims == ("B", "P", "C")
     assert _reads(log_softmax_channels.program) == [("x", ("b", "c", "p"))] * 3
     assert _reads(program) == _reads(log_softmax_channels_last.program) == \
@@ -203,7 +204,8 @@ def test_describe_call_says_how_a_call_runs_on_its_tensors_as_they_lie():
     described = attention.describe_call(q, k, k, 0.1)
     assert described.startswith("bshd_causal at B=2, M=256, H=16, D=64, N=256: hopper_attention")
     assert described.endswith("  q copied before each launch: its innermost dimension is strided "
-                              "(its program in memory order would run on a lesser schedule)")
+                              "(its program in memory order would run on a lesser schedule "
+                              "or copy it itself)")
 
 
 def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
@@ -219,13 +221,17 @@ def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
 
 def test_a_route_that_would_lose_a_native_template_is_declined():
     """Queries whose head dim is strided (stored [B, S, D, H]) make the attention's q operand
-    MN-major, which the Hopper attention does not take: the program in that order runs on the
-    Triton template, so the call copies q and keeps the Hopper kernel. A GEMM is routed with its
+    MN-major, which the Hopper attention does not read: the program in that order would copy q
+    back into rows of the head dim before its Hopper kernel (:mod:`.reordered_operands`), so
+    the call copies q once and keeps the program as written. A GEMM is routed with its
     operands in either order: the weight kept [K, N] to the Hopper GEMM, the rows operand kept
     [K, M] to the Triton contraction (whose tiles rank with the Hopper GEMM's)."""
     attention = _compiled(bshd_causal)
     sizes = dict(B=2, M=4096, N=4096, H=16, D=128)
-    assert not attention.routes.taken(Orders((("q", (0, 1, 3, 2)),)), sizes)
+    in_order = Orders((("q", (0, 1, 3, 2)),))
+    assert not attention.routes.taken(in_order, sizes)
+    assert "q copied as [B, M, H, D]" in attention.routes.kernel_for(in_order).describe_plan(
+        **sizes)
     made = _compiled(matmul_nk)
     sizes = dict(M=4096, K=4096, N=4096)
     for orders, runs in (((("w", (1, 0)),), "hopper_gemm"), ((("x", (1, 0)),), "contraction"),

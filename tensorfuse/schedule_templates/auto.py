@@ -291,7 +291,8 @@ def native_templates(kernel, name: str, fusion, spec: TargetSpec, records=None,
                       refused=refused) or _merged_heads(kernel, fusion, spec, records) or \
             _one_cache_prefill(kernel, fusion, spec, records) or \
             _selected_prefill(kernel, fusion, spec, records) or \
-            _shared_queries_prefill(kernel, fusion, spec, records)
+            _shared_queries_prefill(kernel, fusion, spec, records) or \
+            _reordered_prefill(kernel, fusion, spec, records)
         made += _packed_decodes(kernel, fusion, spec)
         decode = dict(description=f"cluster_decode (the keys {fusion.axis} split over a cluster "
                                   "per (batch, kv-head))", routed=True)
@@ -458,6 +459,21 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
     return [PackedDecodeRoute(kernel, fusion, spec, plan.chain.dims[:4], (low, high), pairs,
                               refusal=refusal, consumers=consumers, schedule="split", **chosen)
             for low, high, consumers, pairs, knobs in routes for chosen in (knobs, {})]
+
+
+def _reordered_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
+    """The Hopper attention of attention whose tensors hold their head dim outside another axis
+    (:mod:`.reordered_operands`: those tensors copied with it innermost before each call, such an
+    output written so and copied after), which the Triton template took otherwise; its tuning
+    records are the reordered program's."""
+    from .reordered_operands import ReorderedKernel, head_dims_innermost
+
+    reordered = head_dims_innermost(kernel.program, fusion.names, fusion.axis)
+    if reordered is None:
+        return []
+    return _hopper_prefill_of(reordered.program, fusion, spec, records,
+                              lambda inner: ReorderedKernel(kernel.program, reordered, inner,
+                                                            spec))
 
 
 def _made(template, *args, refused: list | None = None, **knobs) -> list:

@@ -245,10 +245,8 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
                       "sequence as a map: the map's patches and the tiles are not copied "
                       "together; the attention template takes it")
     if chain.permuted:
-        # k may hold its keys innermost with the head dim just outside them ([B, H, D, N])
         keys_innermost = chain.layouts[1].endswith("dj") and not plan.reads_map
-        if any(layout[-1] != "d" for i, layout in enumerate(chain.layouts[:4])
-               if not (i == 1 and keys_innermost)):
+        if head_dim_orders(chain.layouts, plan.reads_map):
             raise _refuse("TMA copies rows of the head dim: it must be the innermost axis of q, "
                           "v and the output, and of k or next to its innermost keys (their axes "
                           f"by role: {', '.join(chain.layouts)}); the attention template takes "
@@ -263,6 +261,22 @@ def plan_hopper_attention(program: Program, names: tuple[str, ...],
             to_cuda(e, {chain.dot: "qk"}, what, axes=dict(chain.score_axes),
                     loads={t: t for t, _ in tensors})
     return plan
+
+
+def head_dim_orders(layouts: tuple[str, ...], reads_map: bool = False) -> dict[int, tuple]:
+    """The tensors of an attention chain (by place in ``layouts``: 0 q, 1 k, 2 v, 3 the output;
+    their axes by role, :class:`.attention_chain.AttentionChain`) whose layout the template's
+    TMA copies cannot take, each with the order of its axes that puts its head dim innermost:
+    the copies move rows of the head dim, so it must be innermost — in k it may instead be next
+    to its innermost keys (``[B, H, D, N]``: the MN-major operand of q·kᵀ), but not where the
+    mask reads the sequence as a map (its patches are boxes of rows)."""
+    found = {}
+    for place, layout in enumerate(layouts[:4]):
+        if layout[-1] == "d" or place == 1 and layout.endswith("dj") and not reads_map:
+            continue
+        found[place] = tuple(k for k, role in enumerate(layout) if role != "d") + \
+            (layout.index("d"),)
+    return found
 
 
 def shared_bytes(knobs: HopperKnobs, D: int, tiled: bool = False, DV: int | None = None,
