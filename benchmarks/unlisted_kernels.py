@@ -695,29 +695,45 @@ def attention_channels_first(q: T.Tensor["B", "H", "D", "S", "bf16"],
     return softmax_attend(s, v[b, h, e, j], j)
 
 
-def _channels_first_case(generator, B=2, S=4096, H=16, D=128) -> Case:
-    """SDPA on the transposed views as they are, and on contiguous copies of them (the copies
-    timed too), its output transposed back into the layout as a view and as a copy; the Triton
-    template, which reads any strides, beside them."""
-    q, k, v = (torch.randn(B, H, D, S, generator=generator).to("cuda", torch.bfloat16)
-               for _ in range(3))
+@tf.kernel
+def attention_queries_first(q: T.Tensor["B", "H", "D", "S", "bf16"],
+                            k: T.Tensor["B", "H", "S", "D", "bf16"],
+                            v: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32):
+    """Attention whose queries alone are held ``[B, H, D, S]`` (a channels-first model's
+    queries over a cache kept as transformers keeps one)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, d, i] * k[b, h, j, d], over=d) * scale
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+def _heads_transposed_case(name: str, kernel, moved: str, generator, B=2, S=4096, H=16,
+                           D=128) -> Case:
+    """Non-causal attention with the tensors named in ``moved`` (of q, k, v and the output)
+    held ``[B, H, D, S]``: SDPA on the transposed views as they are, and on contiguous copies of
+    them (the copies timed too, the output transposed back into its layout by a copy); the
+    Triton template, which reads any strides, beside ``tf.compile``'s choice."""
+    def make(role):
+        shape = (B, H, D, S) if role in moved else (B, H, S, D)
+        return torch.randn(*shape, generator=generator).to("cuda", torch.bfloat16)
+    q, k, v = make("q"), make("k"), make("v")
+    as_bhsd = [x.transpose(-1, -2) if role in moved else x for x, role in zip((q, k, v), "qkv")]
     scale = D ** -0.5
-    f = Recorded(attention_channels_first)
+    f = Recorded(kernel)
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
-    s = q[..., rows].double().transpose(-1, -2) @ k.double() * scale
-    ref = (torch.softmax(s, -1) @ v.double().transpose(-1, -2)).transpose(-1, -2)
+    s = as_bhsd[0][:, :, rows].double() @ as_bhsd[1].double().transpose(-1, -2) * scale
+    ref = torch.softmax(s, -1) @ as_bhsd[2].double()                   # [B, H, rows, D]
+    back = (lambda out: out.transpose(-1, -2)) if "out" in moved else (lambda out: out)
 
     def sdpa(copy):
-        views = [x.transpose(-1, -2) for x in (q, k, v)]
-        out = F.scaled_dot_product_attention(*(x.contiguous() if copy else x for x in views),
-                                             scale=scale).transpose(-1, -2)
+        out = back(F.scaled_dot_product_attention(
+            *(x.contiguous() if copy else x for x in as_bhsd), scale=scale))
         return out.contiguous() if copy else out
-    triton = tf.compile(attention_channels_first).template
-    return Case("attention_channels_first", f"B{B} H{H} S{S} D{D} [q, k, v, out: BHDS]",
+    triton = tf.compile(kernel).template
+    return Case(name, f"B{B} H{H} S{S} D{D} [{', '.join(moved)}: BHDS]",
                 lambda: f(q, k, v, scale=scale),
                 {SDPA: lambda: sdpa(False), SDPA + " (copied contiguous)": lambda: sdpa(True),
                  TENSORFUSE + " triton": lambda: triton(q, k, v, scale=scale)},
-                ref, lambda out: out[..., rows], flops=4 * B * H * S * S * D,
+                ref, lambda out: back(out)[:, :, rows], flops=4 * B * H * S * S * D,
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
@@ -997,7 +1013,10 @@ UNLISTED = {
     "rotary": _rotary_case,
     "biased_attention_bshd": _biased_attention_case,
     "attention_keys_transposed": _keys_transposed_case,
-    "attention_channels_first": _channels_first_case,
+    "attention_channels_first": lambda g: _heads_transposed_case(
+        "attention_channels_first", attention_channels_first, ("q", "k", "v", "out"), g),
+    "attention_queries_first": lambda g: _heads_transposed_case(
+        "attention_queries_first", attention_queries_first, ("q",), g),
     "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
     "gram_matrix": _gram_case,

@@ -240,7 +240,7 @@ def _copied_again(kernel, dims: dict) -> set[str]:
 
     picks = getattr(kernel, "for_sizes", None)
     chosen = picks(**dims) if picks is not None else kernel
-    return set(chosen.orders) if isinstance(chosen, ReorderedKernel) else set()
+    return set(chosen.copies) if isinstance(chosen, ReorderedKernel) else set()
 
 
 class MemoryOrderRoutes:

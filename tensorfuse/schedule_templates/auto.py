@@ -466,14 +466,19 @@ def _reordered_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
     (:mod:`.reordered_operands`: those tensors copied with it innermost before each call, such an
     output written so and copied after), which the Triton template took otherwise; its tuning
     records are the reordered program's."""
+    from ..targets.triton.elementwise import ElementwiseKernel
+    from .elementwise import elementwise_form
     from .reordered_operands import ReorderedKernel, head_dims_innermost
 
     reordered = head_dims_innermost(kernel.program, fusion.names, fusion.axis)
     if reordered is None:
         return []
+
+    def copy(program):   # a transpose: the elementwise template's tiles
+        return ElementwiseKernel(elementwise_form(program)[0], spec)
     return _hopper_prefill_of(reordered.program, fusion, spec, records,
                               lambda inner: ReorderedKernel(kernel.program, reordered, inner,
-                                                            spec))
+                                                            spec, copy))
 
 
 def _made(template, *args, refused: list | None = None, **knobs) -> list:

@@ -112,16 +112,11 @@ class LiftedKernel(GraphCallable):
                                      for c, o in zip(self.outputs, outs)], bound.dims)
         inner_kwargs = {**values, "out": views[0] if len(views) == 1 else tuple(views)}
         self.inner(**inner_kwargs)
-        self._finish(views, outs)
         if key is not None and (fast is None or fast.stale) and \
                 fast_call_applies(bound, self._calls.target_device):
             self._keep_fast_call(key, args, bound, inner_kwargs)
         made = [deliver(o, g, bound.framework) for o, g in zip(outs, given)]
         return made[0] if len(made) == 1 else tuple(made)
-
-    def _finish(self, views: list, outs: list) -> None:
-        """After the inner kernel wrote ``views`` (:meth:`_views`' outputs): the outputs
-        ``outs`` complete — here they are those views' own memory."""
 
     def _keep_fast_call(self, key, args: tuple, bound, inner_kwargs: dict) -> None:
         """Keep this signature's :class:`LiftedFastCall`, where the inner kernel kept one for the
@@ -143,12 +138,8 @@ class LiftedKernel(GraphCallable):
                   if tuple(inner_kwargs[n].shape) != tuple(t.shape) and n not in copied}
         out = inner_kwargs["out"]
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
-        return self._made_fast_call(params, outputs, bound.torch_device, likes, guards, shapes,
-                                    out_shapes, inner_fast, copied)
-
-    def _made_fast_call(self, *args) -> "LiftedFastCall":
-        """The fast call of :meth:`_fast_call`'s pieces (a subclass's own kind of it)."""
-        return LiftedFastCall(*args)
+        return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, shapes,
+                              out_shapes, inner_fast, copied)
 
     def _copied(self, inner_kwargs: dict) -> dict:
         """The tensors the inner kernel gets as new ones, not views: name → what makes it of
@@ -237,9 +228,4 @@ class LiftedFastCall(SignatureCall):
         if self.inner_fast((), inner) is None:   # a stale inner fast call: this one is too
             self.stale = self.stale or getattr(self.inner_fast, "stale", False)
             return None
-        self.finish(views, outs)
         return outs[0] if self.single else tuple(outs)
-
-    def finish(self, views: list, outs: list) -> None:
-        """After the inner fast call wrote ``views`` (:meth:`out_views`): the outputs complete
-        (as :meth:`LiftedKernel._finish`)."""

@@ -1,8 +1,8 @@
-"""Attention whose tensors hold their head dim outside another axis
-(``schedule_templates/reordered_operands.py``): planned as the same attention declared with the
-head dims innermost — the Hopper kernel of that program, byte for byte — and called with those
-tensors copied into that order and such an output copied back; the wrapper on the CPU and the
-fast call against float64 and by what they hand on; on the GPU against float64."""
+"""Attention with one tensor holding its head dim outside another axis
+(``schedule_templates/reordered_operands.py``): planned as the same attention declared with its
+head dim innermost — the Hopper kernel of that program, byte for byte — and called with that
+tensor copied into that order by a transpose on the elementwise template; more copies stay on
+the Triton template. The wrapper on the CPU against float64; on the GPU against float64."""
 
 import pytest
 import torch
@@ -12,8 +12,8 @@ from benchmarks.unlisted_kernels import attention_keys_transposed
 from tensorfuse import dsl as T
 from tensorfuse.kernels import softmax_attend
 from tensorfuse.schedule_templates.hopper_attention_plan import head_dim_orders
-from tensorfuse.schedule_templates.reordered_operands import (ReorderedFastCall, ReorderedKernel,
-                                                              head_dims_innermost)
+from tensorfuse.schedule_templates.reordered_operands import (ReorderedKernel, head_dims_innermost,
+                                                              reorder_program)
 from tests.helpers import fresh_seed, poisoned_call, relative_error
 
 HOPPER = "cuda:sm_90a"
@@ -22,13 +22,13 @@ SIZES = dict(B=2, H=16, D=128, M=4096, N=4096)
 
 
 @tf.kernel
-def channels_first(q: T.Tensor["B", "H", "D", "M", "bf16"], k: T.Tensor["B", "H", "D", "N", "bf16"],
-                   v: T.Tensor["B", "H", "E", "N", "bf16"], scale: T.f32):
-    """Attention over a channels-first model's heads (``x[B, C, P]`` split as ``[B, heads, D,
-    P]``), its output ``[B, H, E, M]`` as well."""
-    b, h, e, i, j, d = T.axes("b h e i j d")
-    s = T.sum(q[b, h, d, i] * k[b, h, d, j], over=d) * scale
-    return softmax_attend(s, v[b, h, e, j], j)
+def queries_first(q: T.Tensor["B", "H", "D", "M", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                  v: T.Tensor["B", "H", "N", "E", "bf16"], scale: T.f32):
+    """Attention with its queries held ``[B, H, D, M]`` (a channels-first model's, projected and
+    split into heads), the values of another head dim."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, d, i] * k[b, h, j, d], over=d) * scale
+    return softmax_attend(s, v[b, h, j, e], j)
 
 
 @tf.kernel
@@ -52,24 +52,28 @@ def keys_head_outer(q: T.Tensor["B", "H", "M", "D", "f16"], k: T.Tensor["B", "D"
 
 
 def test_the_tensors_the_hopper_copies_cannot_read_are_the_ones_moved():
+    from benchmarks.unlisted_kernels import attention_channels_first
+
     # q, k, v, the output by role; k may keep its keys innermost with the head dim next to them
     assert head_dim_orders(("bhid", "bhjd", "bhjd", "bhid")) == {}
     assert head_dim_orders(("bhid", "bhdj", "bhjd", "bhid")) == {}
     assert head_dim_orders(("bhid", "bhdj", "bhjd", "bhid"), reads_map=True) == {1: (0, 1, 3, 2)}
     assert head_dim_orders(("bhdi", "bdhj", "bhdj", "bhdi")) == {
         0: (0, 1, 3, 2), 1: (0, 2, 3, 1), 2: (0, 1, 3, 2), 3: (0, 1, 3, 2)}
-    found = head_dims_innermost(channels_first.program, CHAIN, "j")
-    assert found.orders == (("q", (0, 1, 3, 2)), ("v", (0, 1, 3, 2)))
-    assert found.outputs == (("out", (0, 1, 3, 2)),)
-    assert found.describe(channels_first.program) == (
-        "head dims innermost for the Hopper attention's copies: q copied as [B, H, M, D]; "
-        "v copied as [B, H, N, E]; out written as [B, H, M, E], then copied as declared")
+    found = head_dims_innermost(queries_first.program, CHAIN, "j")
+    assert found.orders == (("q", (0, 1, 3, 2)),)
+    assert found.describe(queries_first.program) == \
+        "head dims innermost for the Hopper attention's copies: q copied as [B, H, M, D]"
     assert [(p.name, p.dims) for p in found.program.tensor_params] == [
-        ("q", ("B", "H", "M", "D")), ("k", ("B", "H", "D", "N")), ("v", ("B", "H", "N", "E"))]
+        ("q", ("B", "H", "M", "D")), ("k", ("B", "H", "N", "D")), ("v", ("B", "H", "N", "E"))]
     assert head_dims_innermost(keys_head_outer.program, CHAIN, "j").orders == \
         (("k", (0, 2, 3, 1)),)
     # layouts the Hopper template reads as they are: nothing to move
     assert head_dims_innermost(attention_keys_transposed.program, CHAIN, "j") is None
+    # q, v and the output to move: three copies cost more than the Hopper template gains
+    assert head_dims_innermost(attention_channels_first.program, CHAIN, "j") is None
+    made = tf.compile(attention_channels_first, HOPPER)
+    assert made.for_sizes(B=2, H=16, D=128, S=4096) is made.template
 
 
 def test_transposed_queries_get_the_hopper_kernel_of_the_attention_declared_in_that_order():
@@ -92,87 +96,71 @@ def _on_the_cpu(kernel):
 
     found = head_dims_innermost(kernel.program, CHAIN, "j")
     return ReorderedKernel(kernel.program, found, tf.compile(ProgramKernel(found.program), "llvm"),
-                           tf.get_target("llvm"))
+                           tf.get_target("llvm"),
+                           lambda program: tf.compile(ProgramKernel(program), "llvm"))
 
 
 def _reference(q, k, v, scale):
-    """float64 attention of :func:`channels_first`'s layouts."""
-    s = torch.einsum("bhdi,bhdj->bhij", q.double(), k.double()) * scale
-    return torch.einsum("bhij,bhej->bhei", torch.softmax(s, -1), v.double())
+    """float64 attention of :func:`queries_first`'s layouts."""
+    s = torch.einsum("bhdi,bhjd->bhij", q.double(), k.double()) * scale
+    return torch.softmax(s, -1) @ v.double()
 
 
-def test_a_reordered_kernel_copies_the_callers_tensors_and_its_output_on_the_cpu():
-    """Against float64 on large values and ragged sizes, its output made (contiguous, as
-    declared) and given (poisoned); the caller's tensors are left as they were."""
-    made = _on_the_cpu(channels_first)
+def test_a_reordered_kernel_copies_the_callers_queries_on_the_cpu():
+    """Against float64 on large values and ragged sizes, its output made and given (poisoned);
+    the caller's tensors are left as they were."""
+    made = _on_the_cpu(queries_first)
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
-    q, k = ((torch.randn(2, 3, 16, n, generator=g) * 4).bfloat16() for n in (37, 45))
-    v = (torch.randn(2, 3, 24, 45, generator=g) * 4).bfloat16()
+    q = (torch.randn(2, 3, 16, 37, generator=g) * 4).bfloat16()
+    k = (torch.randn(2, 3, 45, 16, generator=g) * 4).bfloat16()
+    v = (torch.randn(2, 3, 45, 24, generator=g) * 4).bfloat16()
     kept = [t.clone() for t in (q, k, v)]
     want = _reference(q, k, v, 0.3)
-    out = made(q, k, v, 0.3)
-    assert out.shape == (2, 3, 24, 37) and out.is_contiguous()
-    assert relative_error(out, want) < 1e-2, seed
-    (given,) = poisoned_call(made, channels_first.program, dict(q=q, k=k, v=v, scale=0.3), want)
+    assert relative_error(made(q, k, v, 0.3), want) < 1e-2, seed
+    (given,) = poisoned_call(made, queries_first.program, dict(q=q, k=k, v=v, scale=0.3), want)
     assert relative_error(given, want) < 1e-2, seed
     assert all(torch.equal(a, b) for a, b in zip((q, k, v), kept))
     assert made.schedule_origin(B=2, H=3, D=16, E=24, M=37, N=45).startswith(
         "operands copied with their head dims innermost; ")
 
 
-def test_a_reordered_fast_call_hands_on_copies_and_copies_the_output_back():
-    """A repeated signature's fast call: q and v handed to the inner fast call as contiguous
-    copies in the inner program's order, the output written by it into a buffer of its order
-    and copied into the caller's; a stale inner fast call makes it stale."""
-    given = []
+def test_the_copies_are_transposes_on_the_elementwise_template():
+    """Each copy is a program of one read per element in the new order: the elementwise
+    template's one flat pass for sm_90a (its loads along the source's contiguous axis), and on
+    the CPU the permutation itself."""
+    from tensorfuse.dsl.program import ProgramKernel
 
-    def inner_fast(args, kwargs):
-        given.append(kwargs)
-        if inner_fast.stale:
-            return None
-        kwargs["out"].copy_(torch.arange(kwargs["out"].numel()).view(kwargs["out"].shape))
-        return kwargs["out"]
-    inner_fast.stale = False
-    orders = {"q": (0, 1, 3, 2), "v": (0, 1, 3, 2)}
-    copies = {n: (lambda x, o=o: x.permute(o).contiguous()) for n, o in orders.items()}
-    fast = ReorderedFastCall([("q", 0, True), ("k", 1, True), ("v", 2, True),
-                              ("scale", "scale", float)],
-                             [("out", (2, 3, 24, 37), "f32")], "cpu", [None], [], {},
-                             [(2, 3, 37, 24)], inner_fast, copies, out_orders=[(0, 1, 3, 2)])
-    q, k = (torch.randn(2, 3, 16, n) for n in (37, 45))
-    v = torch.randn(2, 3, 24, 45)
-    out = fast((q, k, v), {"scale": 1})
-    sent = given[-1]
-    assert torch.equal(sent["q"], q.transpose(2, 3)) and sent["q"].is_contiguous()
-    assert torch.equal(sent["v"], v.transpose(2, 3)) and sent["v"].is_contiguous()
-    assert sent["k"] is k
-    assert sent["out"].shape == (2, 3, 37, 24) and sent["out"].is_contiguous()
-    assert out.shape == (2, 3, 24, 37) and out.is_contiguous()
-    assert torch.equal(out, sent["out"].transpose(2, 3))
-    inner_fast.stale = True
-    assert fast((q, k, v), {"scale": 1}) is None
+    program = reorder_program("q", ("B", "H", "D", "M"), "bf16", (0, 1, 3, 2))
+    assert [c.name for c in program.outputs] == ["out"]
+    assert [a.extent for a in program.outputs[0].axes] == ["B", "H", "M", "D"]
+    made = tf.compile(ProgramKernel(program), HOPPER)
+    assert made.schedule_origin(B=2, H=16, D=128, M=4096).startswith("elementwise template")
+    x = torch.randn(2, 3, 5, 7).bfloat16()
+    on_cpu = tf.compile(ProgramKernel(program), "llvm")
+    assert torch.equal(on_cpu(x), x.transpose(2, 3))
 
 
 @pytest.mark.gpu
-def test_channels_first_attention_runs_on_the_hopper_attention():
-    """On an H100/H200: a channels-first attention against float64, on the checked path and the
-    fast call, its output made and given (poisoned); and the transposed queries under a causal
-    mask at a ragged length."""
+def test_transposed_queries_run_on_the_hopper_attention():
+    """On an H100/H200: queries held ``[B, H, D, M]`` against float64, on the checked path and
+    the fast call, the output made and given (poisoned); and the transposed queries over
+    transposed keys under a causal mask at a ragged length."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs a Hopper GPU")
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)
-    made = tf.compile(channels_first)
-    q, k, v = ((torch.randn(2, 4, 128, 1000, generator=g) * 3).to("cuda", torch.bfloat16)
-               for _ in range(3))
+    made = tf.compile(queries_first)
+    q = (torch.randn(2, 4, 128, 1000, generator=g) * 3).to("cuda", torch.bfloat16)
+    k, v = ((torch.randn(2, 4, 900, 128, generator=g) * 3).to("cuda", torch.bfloat16)
+            for _ in range(2))
     want = _reference(q.cpu(), k.cpu(), v.cpu(), 128 ** -0.5)
     for _ in range(3):   # the checked path, then the fast call
         assert relative_error(made(q, k, v, 128 ** -0.5), want) < 2e-2, seed
-    (given,) = poisoned_call(made, channels_first.program,
+    (given,) = poisoned_call(made, queries_first.program,
                              dict(q=q, k=k, v=v, scale=128 ** -0.5), want)
     assert relative_error(given, want) < 2e-2, seed
-    assert isinstance(made.for_sizes(B=2, H=4, D=128, E=128, M=1000, N=1000), ReorderedKernel)
+    assert isinstance(made.for_sizes(B=2, H=4, D=128, E=128, M=1000, N=900), ReorderedKernel)
     causal = tf.compile(queries_transposed)
     S = 777
     q, kt = ((torch.randn(1, 2, 64, S, generator=g) * 3).to("cuda", torch.bfloat16)
@@ -183,3 +171,4 @@ def test_channels_first_attention_runs_on_the_hopper_attention():
     want = torch.softmax(s, -1) @ v.double()
     for _ in range(2):
         assert relative_error(causal(q, kt, v, 0.125), want) < 2e-2, seed
+    assert isinstance(causal.for_sizes(B=1, H=2, D=64, S=S), ReorderedKernel)
