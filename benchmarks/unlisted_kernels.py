@@ -737,6 +737,47 @@ def _heads_transposed_case(name: str, kernel, moved: str, generator, B=2, S=4096
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
+@tf.kernel
+def attention_softmax_then_sum(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                               k: T.Tensor["B", "H", "S", "D", "bf16"],
+                               v: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32):
+    """Attention written from its definition: the softmax's weights, then their weighted sum of
+    the values (``softmax(q @ k.T * scale) @ v``)."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    p = T.exp(s - T.max(s, over=j))
+    weights = p / T.sum(p, over=j)
+    return T.sum(weights * v[b, h, j, e], over=j)
+
+
+def _softmax_then_sum_case(generator, B=2, S=4096, H=16, D=128) -> Case:
+    """SDPA (cuDNN, flash) on the same tensors, and the two steps as torch writes them eager."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchmarks.common import SDPA_CUDNN, SDPA_FLASH
+
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    scale = D ** -0.5
+    f = Recorded(attention_softmax_then_sum)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
+    ref = torch.softmax(s, -1) @ v.double()
+
+    def sdpa(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return call
+    return Case("attention_softmax_then_sum", f"B{B} H{H} S{S} D{D}",
+                lambda: f(q, k, v, scale=scale),
+                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
+                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION),
+                 TORCH_EAGER: lambda: torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v},
+                ref, lambda out: out[:, :, rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
 def _float_mask_case(generator, B=2, S=4096, H=16, D=128) -> Case:
     """Left padding (each sequence's first tokens masked) and causal in one float mask, as
     transformers builds it; SDPA with it as ``attn_mask``, FlexAttention with a score_mod
@@ -1017,6 +1058,7 @@ UNLISTED = {
         "attention_channels_first", attention_channels_first, ("q", "k", "v", "out"), g),
     "attention_queries_first": lambda g: _heads_transposed_case(
         "attention_queries_first", attention_queries_first, ("q",), g),
+    "attention_softmax_then_sum": _softmax_then_sum_case,
     "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
     "gram_matrix": _gram_case,

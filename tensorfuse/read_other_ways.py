@@ -11,13 +11,15 @@ from __future__ import annotations
 from .schedule_templates.bands import band_window
 from .schedule_templates.merged_reductions import merged_reductions
 from .schedule_templates.nested_scans import nested_scans
+from .schedule_templates.normalised_sums import normalised_sums
 
 # the equivalent programs ``tf.compile`` compiles on a GPU instead of one as written, in order:
 # nested reductions of one monoid as one over their axes (a soft-argmax's nested sums: one
 # kernel, not a stage a level); a reduction over a band around each output's position (a
 # rolling maximum) over a window axis of the band's width, not the whole row; one over ranges
-# of several axes (an integral image) as a scan an axis
-PROGRAM_REWRITES = (merged_reductions, band_window, nested_scans)
+# of several axes (an integral image) as a scan an axis; a sum of terms divided by a finished
+# reduction over its axis (attention written softmax-then-sum) as the sum divided after
+PROGRAM_REWRITES = (merged_reductions, band_window, nested_scans, normalised_sums)
 
 
 def read_other_way(kernel, spec, dynamic: "bool | None" = None):

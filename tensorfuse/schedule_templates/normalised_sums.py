@@ -1,0 +1,141 @@
+"""A sum whose terms are divided (or multiplied) by a finished reduction over the sum's own axes —
+attention written as "softmax, then the weighted sum", ``T.sum(p / l * v[b, h, j, e], over=j)``
+with ``l = T.sum(p, over=j)`` — as the sum of the rest, divided afterwards:
+``Σ_j (p_j / l) · v_j = (Σ_j p_j · v_j) / l``, since ``l`` is one number along ``j``.
+
+As written, each term reads the whole of ``l``, a reduction over the axis the sum sweeps: a
+chain the rolling update can still fuse (the Triton template corrects the partial sums as ``l``
+grows), but not the form the Hopper attention recognises (its weighted sum and its normaliser
+read the same weights ``p``, the division after): on the H100, non-causal B2 H16 S4096 D128,
+the Triton template's 567 µs against the Hopper template's 451 (``benchmarks.unlisted_kernels``,
+the same attention written the other way). Moving the factor out removes the dependency — every
+template then sees the canonical chain — and changes the arithmetic only by where the division
+rounds (once per output instead of once per term). Factors that read the reduction and the
+sum's axes (``log(p_j / l)``) stay inside; the rewrite is made only where no read of such a
+reduction is left inside the sum."""
+from __future__ import annotations
+
+from ..algebra.exprs import nodes, rewritten_program, substitute
+from ..dsl.expr import Binary, Expr, Ref, binary
+from ..dsl.program import Compute, Program
+from .stages import fresh_names
+
+
+def normalised_sums(program: Program) -> tuple[Program, str] | None:
+    """``program`` with each sum's factors that are finished reductions over its own axes (and
+    read none of those axes) moved outside it (module docstring), and a note naming them;
+    ``None`` where no sum has one."""
+    made: dict = {}
+    divided: dict = {}   # a moved sum's name -> its value (read inline by what read the sum)
+    moved: list[str] = []
+    fresh = fresh_names(program, "terms")
+    for c in program.computes:   # in dependency order: what a body reads is rebuilt first
+        body = _reading(c.bodies[0], made, divided) if len(c.bodies) == 1 else None
+        split = _outside(c, body) if body is not None else None
+        if split is None:
+            made[c.name] = _rebuilt(c, made, divided)
+            continue
+        inside, times, over = split
+        terms = Compute(next(fresh), c.axes, (inside,), c.dtypes, c.monoid, c.over, c.loc)
+        made[terms.name] = terms
+        value = Ref(terms, 0, c.loc)
+        for factor in times:
+            value = binary("mul", value, factor, c.loc)
+        for factor in over:
+            value = binary("div", value, factor, c.loc)
+        divided[c.name] = value
+        if c.is_output:
+            made[c.name] = Compute(c.name, c.axes, (value,), c.dtypes, loc=c.loc, is_output=True)
+        moved.append(f"{c.name}: " + ", ".join(
+            [f"× {_text(f)}" for f in times] + [f"/ {_text(f)}" for f in over]))
+    if not moved:
+        return None
+    note = ("factors constant along a sum moved outside it (" + "; ".join(moved) + ")")
+    return rewritten_program(program, list(program.params), made), note
+
+
+def _reading(e: Expr, made: dict, divided: dict) -> Expr:
+    """``e`` reading the rebuilt computes, and a moved sum as its value."""
+    def read(n):
+        if not isinstance(n, Ref):
+            return None
+        if n.compute.name in divided:
+            return divided[n.compute.name]
+        return Ref(made[n.compute.name], n.component, n.loc)
+    return substitute(e, read)
+
+
+def _rebuilt(c: Compute, made: dict, divided: dict) -> Compute:
+    """``c`` reading the rebuilt computes (:func:`_reading`)."""
+    return Compute(c.name, c.axes, tuple(_reading(b, made, divided) for b in c.bodies),
+                   c.dtypes, c.monoid, c.over, c.loc, c.is_output)
+
+
+def _outside(c: Compute, body: Expr) -> tuple[Expr, list, list] | None:
+    """For a sum ``c`` over ``c.over``: ``(the terms left inside, the factors it is multiplied
+    by after, those it is divided by after)`` where some factors of ``body`` are finished
+    reductions over ``c.over`` free of those axes and nothing left inside reads those
+    reductions; else None."""
+    if not c.is_reduction or c.monoid.name != "sum" or c.arity != 1:
+        return None
+    over = {a.uid for a in c.over}
+    numerators, denominators = [], []
+    _split(body, numerators, denominators)
+    times = [f for f in numerators if _finished_along(f, over)]
+    divided = [f for f in denominators if _finished_along(f, over)]
+    if not (times or divided):
+        return None
+    kept_num = [f for f in numerators if not any(f is g for g in times)]
+    kept_den = [f for f in denominators if not any(f is g for g in divided)]
+    moved = set().union(*(_reductions_over(f, over) for f in times + divided))
+    if not kept_num or any(_reductions_over(f, over) & moved for f in kept_num + kept_den):
+        return None
+    inside = kept_num[0]
+    for f in kept_num[1:]:
+        inside = binary("mul", inside, f, c.loc)
+    for f in kept_den:
+        inside = binary("div", inside, f, c.loc)
+    return inside, times, divided
+
+
+def _split(e: Expr, numerators: list, denominators: list) -> None:
+    """The factors of a product of quotients: ``a · b / c`` → numerators ``a, b``, denominators
+    ``c`` (a denominator kept whole), through the elementwise values that are such products
+    (``w = p / l`` read as ``w · v``)."""
+    if isinstance(e, Ref) and not e.compute.is_reduction and e.compute.arity == 1 and \
+            isinstance(e.compute.bodies[0], Binary) and e.compute.bodies[0].op in ("mul", "div"):
+        e = e.compute.bodies[0]
+    if isinstance(e, Binary) and e.op == "mul":
+        _split(e.a, numerators, denominators)
+        _split(e.b, numerators, denominators)
+    elif isinstance(e, Binary) and e.op == "div":
+        _split(e.a, numerators, denominators)
+        denominators.append(e.b)
+    else:
+        numerators.append(e)
+
+
+def _reductions_over(e: Expr, over: set) -> set[str]:
+    """The reductions over the axes ``over`` that ``e`` reads (directly or through the
+    elementwise values it reads)."""
+    found = set()
+    for n in nodes(e):
+        if isinstance(n, Ref):
+            c = n.compute
+            if c.is_reduction and {a.uid for a in c.over} == over:
+                found.add(c.name)
+            elif not c.is_reduction:
+                found |= set().union(*(_reductions_over(b, over) for b in c.bodies))
+    return found
+
+
+def _finished_along(e: Expr, over: set) -> bool:
+    """Whether ``e`` is one value along the axes ``over`` that reads a reduction over them: a
+    normaliser."""
+    return not ({a.uid for a in e.axes} & over) and bool(_reductions_over(e, over))
+
+
+def _text(e: Expr) -> str:
+    from ..dsl.printer import to_text
+
+    return to_text(e)

@@ -1,0 +1,130 @@
+"""Sums whose terms are divided by a finished reduction over their own axis — attention written
+"softmax, then the weighted sum" — compiled as the sum divided after
+(``schedule_templates/normalised_sums.py``): the rewrite's program, the programs it leaves alone
+(a normaliser read along the axis, a factor that is no reduction), the Hopper attention it then
+gets, and its numbers against float64 in Triton's interpreter and on the GPU."""
+import json
+import sys
+
+import pytest
+import torch
+
+import tensorfuse as tf
+import tensorfuse.kernels as K
+from tensorfuse import dsl as T
+from tensorfuse.schedule_templates.normalised_sums import normalised_sums
+from tests.helpers import fresh_seed, relative_error
+
+HOPPER = "cuda:sm_90a"
+SIZES = dict(B=2, H=16, M=4096, N=4096, D=128)
+
+
+@tf.kernel
+def softmax_then_sum(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                     v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """Attention as a user writes it from its definition: the softmax's weights, then their
+    weighted sum of the values."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    p = T.exp(s - T.max(s, over=j))
+    weights = p / T.sum(p, over=j)
+    return T.sum(weights * v[b, h, j, e], over=j)
+
+
+@tf.kernel
+def normalised_inside(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                      v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """The same with the division written inside the weighted sum's terms."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    m = T.max(s, over=j)
+    l = T.sum(T.exp(s - m), over=j)
+    return T.sum(T.exp(s - m) / l * v[b, h, j, e], over=j)
+
+
+@tf.kernel
+def softmax_entropy(x: T.Tensor["R", "C", "f32"]):
+    """The normaliser also read along the axis (inside the log): it stays inside."""
+    r, c = T.axes("r c")
+    p = T.exp(x[r, c] - T.max(x[r, c], over=c))
+    w = p / T.sum(p, over=c)
+    return -T.sum(w * T.log(w), over=c)
+
+
+@tf.kernel
+def weighted_by_rows(x: T.Tensor["R", "C", "f32"], w: T.Tensor["R", "f32"]):
+    """A factor constant along the sum that reduces nothing: left where it is written."""
+    r, c = T.axes("r c")
+    return T.sum(x[r, c] * w[r], over=c)
+
+
+def test_the_normaliser_is_moved_outside_the_sum():
+    program, note = normalised_sums(softmax_then_sum.program)
+    assert note == "factors constant along a sum moved outside it (out_sum: / weights_sum)"
+    computes = {c.name: c for c in program.computes}
+    assert str(computes["terms"].bodies[0]) == "p * v[b, h, j, e]"
+    assert computes["terms"].monoid.name == "sum"
+    assert [c.name for c in program.outputs] == ["out"]
+    assert str(program.outputs[0].bodies[0]) == "terms / weights_sum"
+    assert "out_sum" not in computes and "weights" in computes   # read inline, left unread
+    program, note = normalised_sums(normalised_inside.program)
+    assert str(program.outputs[0].bodies[0]) == "terms / l"
+
+
+def test_sums_without_a_normaliser_to_move_are_left_alone():
+    assert normalised_sums(softmax_entropy.program) is None
+    assert normalised_sums(weighted_by_rows.program) is None
+    for kernel in (K.attention, K.softmax, K.cross_entropy, K.layernorm):
+        assert normalised_sums(kernel.program) is None, kernel
+
+
+@pytest.mark.parametrize("kernel", [softmax_then_sum, normalised_inside])
+def test_attention_written_softmax_then_sum_gets_the_hopper_attention(kernel):
+    made = tf.compile(kernel, HOPPER)
+    plan = made.describe_plan(**SIZES).splitlines()
+    assert plan[0].startswith("factors constant along a sum moved outside it")
+    assert ": hopper_attention (rolling_update(" in plan[1], plan[1]
+
+
+def test_the_rewritten_attention_matches_float64_in_the_interpreter():
+    pytest.importorskip("triton", reason="the templates generate Triton kernels")
+    from tests.helpers import run_interpreted
+
+    seed = fresh_seed()
+    errors = run_interpreted("tests.schedule_templates.test_normalised_sums", seed)
+    assert max(errors) < 2e-2, (errors, seed)
+
+
+def _inputs(seed: int, device: str = "cpu", M: int = 67, N: int = 45, D: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = ((torch.randn(2, 3, n, D, generator=g) * 4).to(device, torch.bfloat16)
+               for n in (M, N, N))
+    s = q.double() @ k.double().transpose(-1, -2) * 0.3
+    return (q, k, v), torch.softmax(s, -1) @ v.double()
+
+
+def _interpreted_errors(seed: int) -> list[float]:
+    """Under TRITON_INTERPRET=1: each kernel as made for sm_90a (its Triton template run by the
+    interpreter) against float64, and on the CPU target (the program as written)."""
+    from tests.schedule_templates.staged_floor import interpreted
+
+    (q, k, v), want = _inputs(seed)
+    errors = []
+    for kernel in (softmax_then_sum, normalised_inside):
+        errors.append(relative_error(interpreted(kernel)(q, k, v, 0.3), want))
+        errors.append(relative_error(tf.compile(kernel, "llvm")(q, k, v, 0.3), want))
+    return errors
+
+
+@pytest.mark.gpu
+def test_the_rewritten_attention_matches_float64_on_the_gpu():
+    seed = fresh_seed()
+    (q, k, v), want = _inputs(seed, "cuda", M=1000, N=777, D=128)
+    for kernel in (softmax_then_sum, normalised_inside):
+        made = tf.compile(kernel)
+        for _ in range(2):   # the checked path, then the fast call
+            assert relative_error(made(q, k, v, 0.3), want) < 2e-2, (kernel, seed)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_interpreted_errors(int(sys.argv[1]))))
