@@ -130,6 +130,7 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     # the float32 ratio cast, as stored (to float32 too, where that output is taken)
     if isinstance(body, Cast) and (body.dtype in dtypes or float32_output and body.dtype == "f32"):
         body = body.a
+    body = _quotient(body)
     guarded = _guarded_ratio(body, plain)
     if guarded is not None and empty_rows:
         body = guarded
@@ -211,6 +212,17 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
                           None if sink is None else (sink.param.name, sink.param.dtype,
                                                      sink_roles), guarded is not None,
                           out.dtypes[0] if out.dtypes[0] != qp.dtype else "")
+
+
+def _quotient(e: Expr) -> Expr:
+    """``x * (1 / y)`` (in either order) as ``x / y``: the output's ratio written through a
+    reciprocal; anything else as it is."""
+    if isinstance(e, Binary) and e.op == "mul":
+        for a, b in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(b, Binary) and b.op == "div" and isinstance(b.a, Const) and \
+                    b.a.value == 1:
+                return binary("div", a, b.b, e.loc)
+    return e
 
 
 def _guarded_ratio(body: Expr, plain: Compute) -> Expr | None:

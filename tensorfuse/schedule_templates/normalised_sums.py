@@ -13,19 +13,25 @@ attention_softmax_then_sum``). Moving the factor out removes the dependency — 
 template then sees the canonical chain — and changes the arithmetic only by where the division
 rounds (once per output instead of once per term). Factors that read the reduction and the
 sum's axes (``log(p_j / l)``) stay inside; the rewrite is made only where no read of such a
-reduction is left inside the sum."""
+reduction is left inside the sum.
+
+Likewise a scalar written inside a product of tensors — ``T.sum(q[…, d] * scale * k[…, d],
+over=d)``, a scale applied to the queries inside the score's dot product — moves outside: the
+operands are then the tensors as they lie, which the Hopper template copies (it stored the
+scaled queries first, an operand stage of 32 MiB at B2 H16 S4096 D128). Scalars inside other
+sums stay where they are written."""
 from __future__ import annotations
 
 from ..algebra.exprs import nodes, rewritten_program, substitute
-from ..dsl.expr import Binary, Expr, Ref, binary
+from ..dsl.expr import Axis, Binary, Expr, Load, Ref, binary
 from ..dsl.program import Compute, Program
 from .stages import fresh_names
 
 
 def normalised_sums(program: Program) -> tuple[Program, str] | None:
     """``program`` with each sum's factors that are finished reductions over its own axes (and
-    read none of those axes) moved outside it (module docstring), and a note naming them;
-    ``None`` where no sum has one."""
+    read none of those axes), and the scalars of a product of tensors, moved outside it (module
+    docstring), and a note naming them; ``None`` where no sum has one."""
     made: dict = {}
     divided: dict = {}   # a moved sum's name -> its value (read inline by what read the sum)
     moved: list[str] = []
@@ -82,8 +88,11 @@ def _outside(c: Compute, body: Expr) -> tuple[Expr, list, list] | None:
     over = {a.uid for a in c.over}
     numerators, denominators = [], []
     _split(body, numerators, denominators)
-    times = [f for f in numerators if _finished_along(f, over)]
-    divided = [f for f in denominators if _finished_along(f, over)]
+    # scalars move out of a product of tensors alone (a dot product's scale: its operands are
+    # then tensors as they lie); elsewhere they stay where written
+    loads = all(isinstance(f, Load) or _pure(f) for f in numerators + denominators)
+    times = [f for f in numerators if _finished_along(f, over) or loads and _pure(f)]
+    divided = [f for f in denominators if _finished_along(f, over) or loads and _pure(f)]
     if not (times or divided):
         return None
     kept_num = [f for f in numerators if not any(f is g for g in times)]
@@ -134,6 +143,13 @@ def _finished_along(e: Expr, over: set) -> bool:
     """Whether ``e`` is one value along the axes ``over`` that reads a reduction over them: a
     normaliser."""
     return not ({a.uid for a in e.axes} & over) and bool(_reductions_over(e, over))
+
+
+def _pure(e: Expr) -> bool:
+    """Whether ``e`` reads no tensor and no computed value (scalars, sizes, constants): the
+    same for every term of any sum — a scale written inside a dot product."""
+    return not any(isinstance(n, (Load, Ref)) for n in nodes(e)) and not \
+        any(isinstance(n, Axis) for n in nodes(e))
 
 
 def _text(e: Expr) -> str:

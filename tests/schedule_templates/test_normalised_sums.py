@@ -1,8 +1,9 @@
 """Sums whose terms are divided by a finished reduction over their own axis — attention written
-"softmax, then the weighted sum" — compiled as the sum divided after
-(``schedule_templates/normalised_sums.py``): the rewrite's program, the programs it leaves alone
-(a normaliser read along the axis, a factor that is no reduction), the Hopper attention it then
-gets, and its numbers against float64 in Triton's interpreter and on the GPU."""
+"softmax, then the weighted sum" — compiled as the sum divided after, and a scale inside the
+score's dot product moved out of it (``schedule_templates/normalised_sums.py``); the output
+through the normaliser's reciprocal read as the ratio (``attention_chain``): the rewrite's
+program, the programs it leaves alone, the Hopper attention they then get, and their numbers
+against float64 in Triton's interpreter and on the GPU."""
 import json
 import sys
 
@@ -58,6 +59,25 @@ def weighted_by_rows(x: T.Tensor["R", "C", "f32"], w: T.Tensor["R", "f32"]):
     return T.sum(x[r, c] * w[r], over=c)
 
 
+@tf.kernel
+def scaled_queries(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                   v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """The scale written on the queries inside the score's dot product, and the output through
+    the reciprocal of the normaliser."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * scale * k[b, h, j, d], over=d)
+    m = T.max(s, over=j)
+    p = T.exp(s - m)
+    return T.sum(p * v[b, h, j, e], over=j) * (1.0 / T.sum(p, over=j))
+
+
+@tf.kernel
+def scaled_rows(x: T.Tensor["R", "C", "f32"], w: T.Tensor["R", "C", "f32"], scale: T.f32):
+    """A scalar in a sum of a computed value: left where it is written."""
+    r, c = T.axes("r c")
+    return T.sum(T.exp(x[r, c]) * scale * w[r, c], over=c)
+
+
 def test_the_normaliser_is_moved_outside_the_sum():
     program, note = normalised_sums(softmax_then_sum.program)
     assert note == "factors constant along a sum moved outside it (out_sum: / weights_sum)"
@@ -71,15 +91,24 @@ def test_the_normaliser_is_moved_outside_the_sum():
     assert str(program.outputs[0].bodies[0]) == "terms / l"
 
 
+def test_a_scale_inside_a_dot_product_moves_out_of_it():
+    program, note = normalised_sums(scaled_queries.program)
+    assert note == "factors constant along a sum moved outside it (s: × scale)"
+    computes = {c.name: c for c in program.computes}
+    assert str(computes["terms"].bodies[0]) == "q[b, h, i, d] * k[b, h, j, d]"
+    assert "s" not in computes and str(computes["m"].bodies[0]) == "terms * scale"
+
+
 def test_sums_without_a_normaliser_to_move_are_left_alone():
     assert normalised_sums(softmax_entropy.program) is None
     assert normalised_sums(weighted_by_rows.program) is None
+    assert normalised_sums(scaled_rows.program) is None
     for kernel in (K.attention, K.softmax, K.cross_entropy, K.layernorm):
         assert normalised_sums(kernel.program) is None, kernel
 
 
-@pytest.mark.parametrize("kernel", [softmax_then_sum, normalised_inside])
-def test_attention_written_softmax_then_sum_gets_the_hopper_attention(kernel):
+@pytest.mark.parametrize("kernel", [softmax_then_sum, normalised_inside, scaled_queries])
+def test_attention_written_other_ways_gets_the_hopper_attention(kernel):
     made = tf.compile(kernel, HOPPER)
     plan = made.describe_plan(**SIZES).splitlines()
     assert plan[0].startswith("factors constant along a sum moved outside it")
@@ -110,7 +139,7 @@ def _interpreted_errors(seed: int) -> list[float]:
 
     (q, k, v), want = _inputs(seed)
     errors = []
-    for kernel in (softmax_then_sum, normalised_inside):
+    for kernel in (softmax_then_sum, normalised_inside, scaled_queries):
         errors.append(relative_error(interpreted(kernel)(q, k, v, 0.3), want))
         errors.append(relative_error(tf.compile(kernel, "llvm")(q, k, v, 0.3), want))
     return errors
@@ -120,7 +149,7 @@ def _interpreted_errors(seed: int) -> list[float]:
 def test_the_rewritten_attention_matches_float64_on_the_gpu():
     seed = fresh_seed()
     (q, k, v), want = _inputs(seed, "cuda", M=1000, N=777, D=128)
-    for kernel in (softmax_then_sum, normalised_inside):
+    for kernel in (softmax_then_sum, normalised_inside, scaled_queries):
         made = tf.compile(kernel)
         for _ in range(2):   # the checked path, then the fast call
             assert relative_error(made(q, k, v, 0.3), want) < 2e-2, (kernel, seed)
