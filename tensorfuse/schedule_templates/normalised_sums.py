@@ -11,9 +11,12 @@ bf16, the Triton template took 576 µs on the program as written and the Hopper 
 the rewritten one (cuDNN 440: ``python -m benchmarks.unlisted_kernels --only
 attention_softmax_then_sum``). Moving the factor out removes the dependency — every
 template then sees the canonical chain — and changes the arithmetic only by where the division
-rounds (once per output instead of once per term). Factors that read the reduction and the
-sum's axes (``log(p_j / l)``) stay inside; the rewrite is made only where no read of such a
-reduction is left inside the sum.
+rounds (once per output instead of once per term). Only a softmax's normaliser moves (a sum of
+exponentials over the sum's axis), and only out of a sum that keeps an axis besides its own (the
+values' feature axis: a softmax's backward, ``Σ_j dy_j · y_j`` a row, keeps its chain, which the
+row templates fuse by their own precision rules); factors that read it along the sum's axes
+(``log(p_j / l)``) stay inside, and the rewrite is made only where no read of it is left
+inside the sum.
 
 Likewise a scalar written inside a product of tensors — ``T.sum(q[…, d] * scale * k[…, d],
 over=d)``, a scale applied to the queries inside the score's dot product — moves outside: the
@@ -23,7 +26,7 @@ sums stay where they are written."""
 from __future__ import annotations
 
 from ..algebra.exprs import nodes, rewritten_program, substitute
-from ..dsl.expr import Axis, Binary, Expr, Load, Ref, binary
+from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, binary
 from ..dsl.program import Compute, Program
 from .stages import fresh_names
 
@@ -91,14 +94,18 @@ def _outside(c: Compute, body: Expr) -> tuple[Expr, list, list] | None:
     # scalars move out of a product of tensors alone (a dot product's scale: its operands are
     # then tensors as they lie); elsewhere they stay where written
     loads = all(isinstance(f, Load) or _pure(f) for f in numerators + denominators)
-    times = [f for f in numerators if _finished_along(f, over) or loads and _pure(f)]
-    divided = [f for f in denominators if _finished_along(f, over) or loads and _pure(f)]
+    kept_axes = {a.uid for a in c.axes}
+
+    def moves(f) -> bool:
+        return _finished_along(f, over, kept_axes) or loads and _pure(f)
+    times = [f for f in numerators if moves(f)]
+    divided = [f for f in denominators if moves(f)]
     if not (times or divided):
         return None
     kept_num = [f for f in numerators if not any(f is g for g in times)]
     kept_den = [f for f in denominators if not any(f is g for g in divided)]
     moved = set().union(*(_reductions_over(f, over) for f in times + divided))
-    if not kept_num or any(_reductions_over(f, over) & moved for f in kept_num + kept_den):
+    if not kept_num or any(set(_reductions_over(f, over)) & moved for f in kept_num + kept_den):
         return None
     inside = kept_num[0]
     for f in kept_num[1:]:
@@ -125,24 +132,40 @@ def _split(e: Expr, numerators: list, denominators: list) -> None:
         numerators.append(e)
 
 
-def _reductions_over(e: Expr, over: set) -> set[str]:
+def _reductions_over(e: Expr, over: set) -> dict:
     """The reductions over the axes ``over`` that ``e`` reads (directly or through the
-    elementwise values it reads)."""
-    found = set()
+    elementwise values it reads), by name."""
+    found = {}
     for n in nodes(e):
         if isinstance(n, Ref):
             c = n.compute
             if c.is_reduction and {a.uid for a in c.over} == over:
-                found.add(c.name)
+                found[c.name] = c
             elif not c.is_reduction:
-                found |= set().union(*(_reductions_over(b, over) for b in c.bodies))
+                for b in c.bodies:
+                    found.update(_reductions_over(b, over))
     return found
 
 
-def _finished_along(e: Expr, over: set) -> bool:
-    """Whether ``e`` is one value along the axes ``over`` that reads a reduction over them: a
-    normaliser."""
-    return not ({a.uid for a in e.axes} & over) and bool(_reductions_over(e, over))
+def _finished_along(e: Expr, over: set, axes: set) -> bool:
+    """Whether ``e`` is a softmax's normaliser for a sum over ``over`` kept over ``axes``: one
+    value along ``over``, reading sums of exponentials over them only, over fewer axes than the
+    sum keeps (the weighted sum of values of attention has their feature axis besides; a
+    softmax's backward, a row's ``Σ_j dy_j · y_j``, has none — its chain stays as written, which
+    the row templates fuse with their own precision rules)."""
+    found = _reductions_over(e, over)
+    return not ({a.uid for a in e.axes} & over) and bool(found) and \
+        {a.uid for a in e.axes} < axes and all(_sums_exponentials(r) for r in found.values())
+
+
+def _sums_exponentials(found) -> bool:
+    """Whether the reduction ``found`` (a compute) is a sum of ``exp(…)`` values."""
+    if found.monoid.name != "sum":
+        return False
+    body = found.bodies[0]
+    while isinstance(body, Ref) and not body.compute.is_reduction:
+        body = body.compute.bodies[0]
+    return isinstance(body, Unary) and body.op == "exp"
 
 
 def _pure(e: Expr) -> bool:
