@@ -29,7 +29,6 @@ from .hopper_attention_plan import head_dim_orders
 from .lifted_kernel import LiftedKernel
 
 WHO = "reordered operands"
-ROLES = ("q", "k", "v", "out")   # the chain's tensors by their place in its layouts
 # tensors copied before a call at most: the copies of three cost more than the Hopper template
 # gains on the Triton one (module docstring; ``python -m benchmarks.unlisted_kernels --only
 # attention_channels_first``, and the same attention with q alone transposed)
