@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..algebra import inline_elementwise, plan_chain
-from ..algebra.exprs import factors, nodes, substitute
+from ..algebra.exprs import factors, finite_shift, nodes, substitute
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Symbol, Unary,
                         Where, binary, unary)
@@ -349,11 +349,21 @@ def softmax_states(program: Program, names: tuple[str, ...]):
         raise ScheduleError("the chain's sums must be sum(p) and sum(p * v)", m.loc)
     p = bodies[plain[0].name][0]
     if not (isinstance(p, Unary) and p.op == "exp" and isinstance(p.a, Binary) and p.a.op == "sub"
-            and _same(p.a.a, scores) and isinstance(p.a.b, Ref) and p.a.b.compute is m):
+            and _same(p.a.a, scores) and _the_maximum(p.a.b, m)):
         raise ScheduleError(f"the weights of {plain[0].name} must be exp(s - {m.name}) with s the "
                             f"scores {m.name} maximises; the kernel corrects by exactly that",
                             plain[0].loc)
     return m, plain[0], weighted[0], scores, p
+
+
+def _the_maximum(e: Expr, m: Compute) -> bool:
+    """Whether ``e`` reads the maximum ``m`` as the weights subtract it: as it is, or as a
+    logsumexp written for the templates takes it (``where(|m| < ∞, m, 0)``:
+    :func:`~tensorfuse.algebra.exprs.finite_shift`) — the same value wherever a row has a finite
+    maximum; a row without one is NaN either way (its weights ``exp(s − m)`` or its ``o / l``)."""
+    if isinstance(e, Ref) and e.compute is m:
+        return True
+    return e.key() == finite_shift(Ref(m, 0), m.dtypes[0]).key()
 
 
 def attention_loads(program: Program, names: tuple[str, ...], axis: str):

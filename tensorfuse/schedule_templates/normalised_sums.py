@@ -18,6 +18,10 @@ row templates fuse by their own precision rules); factors that read it along the
 (``log(p_j / l)``) stay inside, and the rewrite is made only where no read of it is left
 inside the sum.
 
+Weights written through the scores' log-sum-exp, ``T.exp(s − lse) * v``, are the same sum: once
+the log-sum-exp is its maximum and sum (``lse = log L + g``: :mod:`.monoid_rewrites`),
+``exp(s − log L − g) = exp(s − g) / L`` and ``L`` moves out (:func:`_log_divided`).
+
 Likewise a scalar written inside a product of tensors — ``T.sum(q[…, d] * scale * k[…, d],
 over=d)``, a scale applied to the queries inside the score's dot product — moves outside: the
 operands are then the tensors as they lie, which the Hopper template copies (it stored the
@@ -26,7 +30,7 @@ sums stay where they are written."""
 from __future__ import annotations
 
 from ..algebra.exprs import nodes, rewritten_program, substitute
-from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, binary
+from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, binary, unary
 from ..dsl.program import Compute, Program
 from .stages import fresh_names
 
@@ -91,10 +95,11 @@ def _outside(c: Compute, body: Expr) -> tuple[Expr, list, list] | None:
     over = {a.uid for a in c.over}
     numerators, denominators = [], []
     _split(body, numerators, denominators)
+    kept_axes = {a.uid for a in c.axes}
+    numerators = [_log_divided(f, over, kept_axes, denominators) for f in numerators]
     # scalars move out of a product of tensors alone (a dot product's scale: its operands are
     # then tensors as they lie); elsewhere they stay where written
     loads = all(isinstance(f, Load) or _pure(f) for f in numerators + denominators)
-    kept_axes = {a.uid for a in c.axes}
 
     def moves(f) -> bool:
         return _finished_along(f, over, kept_axes) or loads and _pure(f)
@@ -130,6 +135,25 @@ def _split(e: Expr, numerators: list, denominators: list) -> None:
         denominators.append(e.b)
     else:
         numerators.append(e)
+
+
+def _log_divided(f: Expr, over: set, axes: set, denominators: list) -> Expr:
+    """``exp(a − b)`` with ``b = log(l) + y`` (a log-sum-exp: attention's weights written
+    ``exp(s − lse)``) and ``l`` a softmax's normaliser: ``exp(a − y)``, ``l`` added to
+    ``denominators`` (``exp(a − log l − y) = exp(a − y) / l``); any other factor as it is."""
+    if not (isinstance(f, Unary) and f.op == "exp" and isinstance(f.a, Binary) and
+            f.a.op == "sub"):
+        return f
+    b = f.a.b
+    while isinstance(b, Ref) and not b.compute.is_reduction and b.compute.arity == 1:
+        b = b.compute.bodies[0]
+    if not (isinstance(b, Binary) and b.op == "add"):
+        return f
+    for log, rest in ((b.a, b.b), (b.b, b.a)):
+        if isinstance(log, Unary) and log.op == "log" and _finished_along(log.a, over, axes):
+            denominators.append(log.a)
+            return unary("exp", binary("sub", f.a.a, rest, f.loc), f.loc)
+    return f
 
 
 def _reductions_over(e: Expr, over: set) -> dict:

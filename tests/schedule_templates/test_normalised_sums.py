@@ -72,6 +72,17 @@ def scaled_queries(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H"
 
 
 @tf.kernel
+def logsumexp_weights(q: T.Tensor["B", "H", "M", "D", "bf16"],
+                      k: T.Tensor["B", "H", "N", "D", "bf16"],
+                      v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """The weights written through the scores' log-sum-exp, ``exp(s − lse)``."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    lse = T.logsumexp(s, over=j)
+    return T.sum(T.exp(s - lse) * v[b, h, j, e], over=j)
+
+
+@tf.kernel
 def scaled_rows(x: T.Tensor["R", "C", "f32"], w: T.Tensor["R", "C", "f32"], scale: T.f32):
     """A scalar in a sum of a computed value: left where it is written."""
     r, c = T.axes("r c")
@@ -99,6 +110,20 @@ def test_a_scale_inside_a_dot_product_moves_out_of_it():
     assert "s" not in computes and str(computes["m"].bodies[0]) == "terms * scale"
 
 
+def test_weights_through_the_log_sum_exp_divide_by_its_sum_after():
+    """After the log-sum-exp is written as its maximum and sum (``monoid_rewrites``):
+    ``exp(s − (log L + g)) = exp(s − g) / L``, L moved outside; the guarded maximum g is the
+    chain's maximum wherever a row has a finite one."""
+    from tensorfuse.schedule_templates.monoid_rewrites import rewritten_monoids
+
+    program, note = normalised_sums(rewritten_monoids(logsumexp_weights.program)[0])
+    assert note == "factors constant along a sum moved outside it (out_sum: / lse_sum_exp)"
+    computes = {c.name: c for c in program.computes}
+    assert str(computes["terms"].bodies[0]) == \
+        "exp(s - where(abs(lse_max) < inf, lse_max, 0.0)) * v[b, h, j, e]"
+    assert str(program.outputs[0].bodies[0]) == "terms / lse_sum_exp"
+
+
 def test_sums_without_a_normaliser_to_move_are_left_alone():
     assert normalised_sums(softmax_entropy.program) is None
     assert normalised_sums(weighted_by_rows.program) is None
@@ -107,12 +132,13 @@ def test_sums_without_a_normaliser_to_move_are_left_alone():
         assert normalised_sums(kernel.program) is None, kernel
 
 
-@pytest.mark.parametrize("kernel", [softmax_then_sum, normalised_inside, scaled_queries])
+@pytest.mark.parametrize("kernel", [softmax_then_sum, normalised_inside, scaled_queries,
+                                    logsumexp_weights])
 def test_attention_written_other_ways_gets_the_hopper_attention(kernel):
     made = tf.compile(kernel, HOPPER)
     plan = made.describe_plan(**SIZES).splitlines()
-    assert plan[0].startswith("factors constant along a sum moved outside it")
-    assert ": hopper_attention (rolling_update(" in plan[1], plan[1]
+    at = next(k for k, line in enumerate(plan) if line.startswith("factors constant along"))
+    assert ": hopper_attention (rolling_update(" in plan[at + 1], plan
 
 
 def test_the_rewritten_attention_matches_float64_in_the_interpreter():
@@ -139,7 +165,7 @@ def _interpreted_errors(seed: int) -> list[float]:
 
     (q, k, v), want = _inputs(seed)
     errors = []
-    for kernel in (softmax_then_sum, normalised_inside, scaled_queries):
+    for kernel in (softmax_then_sum, normalised_inside, scaled_queries, logsumexp_weights):
         errors.append(relative_error(interpreted(kernel)(q, k, v, 0.3), want))
         errors.append(relative_error(tf.compile(kernel, "llvm")(q, k, v, 0.3), want))
     return errors
@@ -149,7 +175,7 @@ def _interpreted_errors(seed: int) -> list[float]:
 def test_the_rewritten_attention_matches_float64_on_the_gpu():
     seed = fresh_seed()
     (q, k, v), want = _inputs(seed, "cuda", M=1000, N=777, D=128)
-    for kernel in (softmax_then_sum, normalised_inside, scaled_queries):
+    for kernel in (softmax_then_sum, normalised_inside, scaled_queries, logsumexp_weights):
         made = tf.compile(kernel)
         for _ in range(2):   # the checked path, then the fast call
             assert relative_error(made(q, k, v, 0.3), want) < 2e-2, (kernel, seed)
