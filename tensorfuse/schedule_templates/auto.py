@@ -462,10 +462,9 @@ def _packed_decodes(kernel, fusion, spec: TargetSpec) -> list:
 
 
 def _reordered_prefill(kernel, fusion, spec: TargetSpec, records=None) -> list:
-    """The Hopper attention of attention whose tensors hold their head dim outside another axis
-    (:mod:`.reordered_operands`: those tensors copied with it innermost before each call, such an
-    output written so and copied after), which the Triton template took otherwise; its tuning
-    records are the reordered program's."""
+    """The Hopper attention of attention with one tensor holding its head dim outside another
+    axis (:mod:`.reordered_operands`: that tensor copied with it innermost before each call),
+    which the Triton template took otherwise; its tuning records are the reordered program's."""
     from ..targets.triton.elementwise import ElementwiseKernel
     from .elementwise import elementwise_form
     from .reordered_operands import ReorderedKernel, head_dims_innermost
