@@ -242,8 +242,7 @@ class GraphCallable:
             why = copy_reason(x) if is_torch(x) else None
             if why:
                 lines.append(f"  {name} copied before each launch: {why}"
-                             + (" (its program in memory order would run on a lesser schedule "
-                                "or copy it itself)"
+                             + (" (its program in memory order would run on a lesser schedule)"
                                 if orders is not None and name in dict(orders.orders) else ""))
         return "\n".join(lines)
 

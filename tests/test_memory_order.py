@@ -201,11 +201,11 @@ def test_describe_call_says_how_a_call_runs_on_its_tensors_as_they_lie():
     attention = _compiled(bshd_causal)
     q = torch.zeros(2, 256, 64, 16, dtype=torch.bfloat16).transpose(2, 3)   # head dim strided
     k = torch.zeros(2, 256, 16, 64, dtype=torch.bfloat16)
-    described = attention.describe_call(q, k, k, 0.1)
-    assert described.startswith("bshd_causal at B=2, M=256, H=16, D=64, N=256: hopper_attention")
-    assert described.endswith("  q copied before each launch: its innermost dimension is strided "
-                              "(its program in memory order would run on a lesser schedule "
-                              "or copy it itself)")
+    described = attention.describe_call(q, k, k, 0.1).splitlines()
+    assert described[0] == "read in memory order: q as [B, M, D, H]"
+    assert described[1].startswith("bshd_causal at B=2, M=256, H=16, D=64, N=256: head dims "
+                                   "innermost for the Hopper attention's copies: q copied as "
+                                   "[B, M, H, D]; hopper_attention")
 
 
 def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
@@ -219,17 +219,17 @@ def test_a_routed_row_writing_down_its_rows_takes_tiles_of_16_rows():
     assert "block_m=16, block_n=1024" in knobs
 
 
-def test_a_route_that_would_lose_a_native_template_is_declined():
+def test_routes_to_native_templates_are_taken_whatever_they_copy():
     """Queries whose head dim is strided (stored [B, S, D, H]) make the attention's q operand
-    MN-major, which the Hopper attention does not read: the program in that order would copy q
-    back into rows of the head dim before its Hopper kernel (:mod:`.reordered_operands`), so
-    the call copies q once and keeps the program as written. A GEMM is routed with its
+    MN-major, which the Hopper attention does not read: the program in that order copies q back
+    into rows of the head dim (the elementwise template's transpose, faster than the copy of
+    the view it saves) before its Hopper kernel. A GEMM is routed with its
     operands in either order: the weight kept [K, N] to the Hopper GEMM, the rows operand kept
     [K, M] to the Triton contraction (whose tiles rank with the Hopper GEMM's)."""
     attention = _compiled(bshd_causal)
     sizes = dict(B=2, M=4096, N=4096, H=16, D=128)
     in_order = Orders((("q", (0, 1, 3, 2)),))
-    assert not attention.routes.taken(in_order, sizes)
+    assert attention.routes.taken(in_order, sizes)
     assert "q copied as [B, M, H, D]" in attention.routes.kernel_for(in_order).describe_plan(
         **sizes)
     made = _compiled(matmul_nk)
@@ -262,8 +262,13 @@ def test_a_group_norm_called_channels_last_is_routed_to_stages_that_store_its_st
     row_major = made.routes.kernel_for(Orders((("x", (0, 3, 1, 2)),))).describe_plan(**sizes)
     assert "p, c swept as one axis" in row_major and "[2] out from" in row_major, row_major
     mo.LITTLE_STORED, kept = 0.0, mo.LITTLE_STORED
-    try:
+    try:   # stages ranked below the template: the route declined, the view copied
         assert mo._rank(made.routes.kernel_for(orders).inner, sizes) == 2
+        fresh = _compiled(group_norm)
+        assert not fresh.routes.taken(fresh.routes.orders((x, w, w, 1e-5), {}), sizes)
+        assert fresh.describe_call(x, w, w, 1e-5).endswith(
+            "  x copied before each launch: its innermost dimension is strided (its program in "
+            "memory order would run on a lesser schedule)")
     finally:
         mo.LITTLE_STORED = kept
 

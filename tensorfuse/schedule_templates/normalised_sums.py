@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ..algebra.exprs import nodes, rewritten_program, substitute
 from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, binary, unary
+from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from .stages import fresh_names
 
@@ -61,7 +62,7 @@ def normalised_sums(program: Program) -> tuple[Program, str] | None:
         if c.is_output:
             made[c.name] = Compute(c.name, c.axes, (value,), c.dtypes, loc=c.loc, is_output=True)
         moved.append(f"{c.name}: " + ", ".join(
-            [f"× {_text(f)}" for f in times] + [f"/ {_text(f)}" for f in over]))
+            [f"× {to_text(f)}" for f in times] + [f"/ {to_text(f)}" for f in over]))
     if not moved:
         return None
     note = ("factors constant along a sum moved outside it (" + "; ".join(moved) + ")")
@@ -199,7 +200,3 @@ def _pure(e: Expr) -> bool:
         any(isinstance(n, Axis) for n in nodes(e))
 
 
-def _text(e: Expr) -> str:
-    from ..dsl.printer import to_text
-
-    return to_text(e)
