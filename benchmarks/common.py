@@ -190,6 +190,20 @@ _SPELLINGS = {"sdpa_cudnn": SDPA_CUDNN, "sdpa_flash": SDPA_FLASH, "sdpa_default"
               "tensorfuse (autograd)": TENSORFUSE}
 
 
+def sdpa_backends(*args, **kwargs) -> dict:
+    """``{SDPA_CUDNN: call, SDPA_FLASH: call}``: SDPA on ``args`` and ``kwargs`` with each of
+    those backends forced — the alternatives of an attention a user writes."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def forced(backend):
+        def call():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
+        return call
+    return {SDPA_CUDNN: forced(SDPBackend.CUDNN_ATTENTION),
+            SDPA_FLASH: forced(SDPBackend.FLASH_ATTENTION)}
+
+
 def canonical_label(label: str) -> str:
     """``label`` in the agreed spelling (:data:`LABELS`; ``tensorfuse <variant>`` for tensorfuse's
     variants, words apart by spaces), whatever spelling a benchmark or an older run used."""

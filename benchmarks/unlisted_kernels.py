@@ -752,9 +752,7 @@ def attention_softmax_then_sum(q: T.Tensor["B", "H", "S", "D", "bf16"],
 
 def _softmax_then_sum_case(generator, B=2, S=4096, H=16, D=128) -> Case:
     """SDPA (cuDNN, flash) on the same tensors, and the two steps as torch writes them eager."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from benchmarks.common import SDPA_CUDNN, SDPA_FLASH
+    from benchmarks.common import sdpa_backends
 
     q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
                for _ in range(3))
@@ -763,18 +761,47 @@ def _softmax_then_sum_case(generator, B=2, S=4096, H=16, D=128) -> Case:
     rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
     s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
     ref = torch.softmax(s, -1) @ v.double()
-
-    def sdpa(backend):
-        def call():
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, scale=scale)
-        return call
     return Case("attention_softmax_then_sum", f"B{B} H{H} S{S} D{D}",
                 lambda: f(q, k, v, scale=scale),
-                {SDPA_CUDNN: sdpa(SDPBackend.CUDNN_ATTENTION),
-                 SDPA_FLASH: sdpa(SDPBackend.FLASH_ATTENTION),
+                {**sdpa_backends(q, k, v, scale=scale),
                  TORCH_EAGER: lambda: torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v},
                 ref, lambda out: out[:, :, rows], flops=4 * B * H * S * S * D,
+                notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
+
+
+LOG2E = 1.4426950408889634   # log2(e) as FlashAttention's and Triton's sources write it
+
+
+@tf.kernel
+def attention_base_two(q: T.Tensor["B", "H", "S", "D", "bf16"],
+                       k: T.Tensor["B", "H", "S", "D", "bf16"],
+                       v: T.Tensor["B", "H", "S", "D", "bf16"], scale: T.f32):
+    """Causal attention in base two, as Triton's tutorial writes it: the scores scaled by
+    log2(e), the weights ``exp2(s - m)``."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * (scale * LOG2E)
+    s = T.where(j <= i, s, float("-inf"))
+    m = T.max(s, over=j)
+    p = T.exp2(s - m)
+    return T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j)
+
+
+def _base_two_case(generator, B=2, S=4096, H=16, D=128) -> Case:
+    """SDPA (cuDNN, flash) causal on the same tensors."""
+    from benchmarks.common import sdpa_backends
+
+    q, k, v = (torch.randn(B, H, S, D, generator=generator).to("cuda", torch.bfloat16)
+               for _ in range(3))
+    scale = D ** -0.5
+    f = Recorded(attention_base_two)
+    rows = torch.cat([torch.arange(64), torch.arange(S - 64, S)])
+    s = q[:, :, rows].double() @ k.double().transpose(-1, -2) * scale
+    s = s.masked_fill(rows.to(s.device)[:, None] < torch.arange(S, device=s.device), float("-inf"))
+    ref = torch.softmax(s, -1) @ v.double()
+    return Case("attention_base_two", f"B{B} H{H} S{S} D{D} causal",
+                lambda: f(q, k, v, scale=scale),
+                sdpa_backends(q, k, v, scale=scale, is_causal=True),
+                ref, lambda out: out[:, :, rows], flops=2 * B * H * S * S * D,
                 notes={TENSORFUSE: f.schedule_origin(B=B, H=H, S=S, D=D)})
 
 
@@ -1059,6 +1086,7 @@ UNLISTED = {
     "attention_queries_first": lambda g: _heads_transposed_case(
         "attention_queries_first", attention_queries_first, ("q",), g),
     "attention_softmax_then_sum": _softmax_then_sum_case,
+    "attention_base_two": _base_two_case,
     "float_masked_attention": _float_mask_case,
     "lm_head_softmax": _lm_head_case,
     "gram_matrix": _gram_case,

@@ -9,6 +9,7 @@ an output, not the band's width)."""
 from __future__ import annotations
 
 from .schedule_templates.bands import band_window
+from .schedule_templates.base_two_weights import base_two_weights
 from .schedule_templates.merged_reductions import merged_reductions
 from .schedule_templates.nested_scans import nested_scans
 from .schedule_templates.normalised_sums import normalised_sums
@@ -18,8 +19,10 @@ from .schedule_templates.normalised_sums import normalised_sums
 # kernel, not a stage a level); a reduction over a band around each output's position (a
 # rolling maximum) over a window axis of the band's width, not the whole row; one over ranges
 # of several axes (an integral image) as a scan an axis; a sum of terms divided by a finished
-# reduction over its axis (attention written softmax-then-sum) as the sum divided after
-PROGRAM_REWRITES = (merged_reductions, band_window, nested_scans, normalised_sums)
+# reduction over its axis (attention written softmax-then-sum) as the sum divided after;
+# attention's weights in base two (exp2 of scores scaled by log2 e) as natural exponentials
+PROGRAM_REWRITES = (merged_reductions, band_window, nested_scans, normalised_sums,
+                    base_two_weights)
 
 
 def read_other_way(kernel, spec, dynamic: "bool | None" = None):
