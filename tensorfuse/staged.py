@@ -76,11 +76,12 @@ class StagedKernel(GraphCallable):
         bound = self._calls(args, kwargs, key)
         values = {**bound.arrays, **bound.scalars}
         given = dict(zip((p.name for p in self.program.params), args), **kwargs)
-        # the stages' fast calls, while every stage has one and the call's tensors are the
-        # user's own (not copies made by the binding: NumPy arrays, other frameworks')
+        # the stages' fast calls, while every stage has one and the call's tensors (its out=
+        # arrays too: a memory-order route gives the inner kernel its outputs) are the user's
+        # own (not copies made by the binding: NumPy arrays, other frameworks')
         fasts = [] if key not in (None, False) and key not in self._fast and \
-            bound.outs is None and all(given.get(n) is t for n, t in bound.arrays.items()) \
-            else None
+            all(given.get(n) is t for n, t in bound.arrays.items()) and \
+            _own_outputs(kwargs.get("out"), bound.outs) else None
         into = dict(zip((c.name for c in self.program.outputs), bound.outs)) \
             if bound.outs is not None else {}
         for k, (stage, kernel) in enumerate(zip(self.stages, self.kernels)):
@@ -180,30 +181,50 @@ class StagedKernel(GraphCallable):
         return [b for k in self.kernels for b in k.cache_info()]
 
 
+def _own_outputs(given, outs) -> bool:
+    """Whether a call's bound ``out=`` arrays are the ones the caller gave (or none was)."""
+    if outs is None:
+        return given is None
+    given = list(given) if isinstance(given, (tuple, list)) else [given]
+    return len(given) == len(outs) and all(g is o for g, o in zip(given, outs))
+
+
 class StagedFastCall:
     """A staged kernel's repeated call of one signature: each stage's fast call in turn on the
     values by name (the call's arguments, the earlier stages' results), those the later stages no
-    longer read dropped; None — the checked path redoes the whole call — where the call gives
-    ``out=`` or a stage's fast call leaves its call to the checked path."""
+    longer read dropped, the caller's ``out=`` arrays given to the stages that write them (as
+    the checked path gives them); None — the checked path redoes the whole call — where a
+    stage's fast call leaves its call to the checked path."""
 
     def __init__(self, staged: StagedKernel, fasts: list):
         self.names = [p.name for p in staged.program.params]
-        self.steps = [(stage.inputs, stage.produces, done, fast) for stage, done, fast in
-                      zip(staged.stages, staged._done_after, fasts)]
+        self.steps = [(stage.inputs, stage.produces, done, fast, writes) for
+                      stage, done, fast, writes in zip(staged.stages, staged._done_after, fasts,
+                                                       staged._writes_outputs)]
         self.outputs = [c.name for c in staged.program.outputs]
 
     def __call__(self, args: tuple, kwargs: dict):
+        outs, into = None, {}
         if "out" in kwargs:
-            return None
+            given = kwargs["out"]
+            outs = list(given) if isinstance(given, (tuple, list)) else [given]
+            into = dict(zip(self.outputs, outs))
+            kwargs = {n: v for n, v in kwargs.items() if n != "out"}
         values = dict(zip(self.names, args), **kwargs)
-        for inputs, produces, done, fast in self.steps:
-            made = fast((), {n: values[n] for n in inputs})
+        for inputs, produces, done, fast, writes in self.steps:
+            named = {n: values[n] for n in inputs}
+            if into and writes:
+                made_into = [into[n] for n in produces]
+                named["out"] = made_into[0] if len(made_into) == 1 else tuple(made_into)
+            made = fast((), named)
             if made is None:
                 return None
             values.update(zip(produces, made if isinstance(made, tuple) else (made,)))
             for name in done:
                 del values[name]
         results = [values[n] for n in self.outputs]
+        if outs is not None:
+            return filled(outs, results)
         return results[0] if len(results) == 1 else tuple(results)
 
 

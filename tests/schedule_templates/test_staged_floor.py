@@ -124,6 +124,40 @@ def test_a_staged_kernel_fills_out_and_checks_the_whole_call():
         made(args["x"][0])
 
 
+def test_a_staged_fast_call_hands_the_callers_out_to_the_stage_that_writes_it():
+    """A wrapper that gives its inner kernel out= arrays (a memory-order route: the outputs laid
+    out as the input) keeps the stages' fast calls: the output's stage gets the caller's array,
+    the others their own results; a stage that leaves its call to the checked path leaves the
+    whole call to it."""
+    from tensorfuse.staged import StagedFastCall
+
+    args, want = max_pool_l2_case(torch.Generator().manual_seed(fresh_seed()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = _staged(max_pool_l2, get_target("cpu"), "checked", planned_for=HOPPER)
+    given = []
+
+    def stage_call(k, declines=False):
+        def call(args_, kwargs):
+            given.append((k, kwargs.get("out")))
+            if declines:
+                return None
+            if "out" in kwargs:
+                return kwargs["out"]
+            made_ = tuple(torch.zeros(1) for _ in made.stages[k].produces)
+            return made_[0] if len(made_) == 1 else made_
+        return call
+    last = len(made.stages) - 1
+    fast = StagedFastCall(made, [stage_call(k) for k in range(len(made.stages))])
+    out = torch.empty(want.shape, dtype=torch.bfloat16)
+    assert fast((), {**args, "out": out}) is out
+    assert given[-1] == (last, out) and all(o is None for _, o in given[:-1]), given
+    assert fast((), dict(args)) is not out   # without out=: the stage's own result
+    declined = StagedFastCall(made, [stage_call(k, declines=k == last)
+                                     for k in range(len(made.stages))])
+    assert declined((), {**args, "out": out}) is None
+
+
 def test_stage_templates_match_float64_in_the_interpreter():
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.staged_floor", seed)
@@ -143,6 +177,32 @@ def test_staged_and_gathering_kernels_match_float64_on_the_gpu(name):
             tf.compile(kernel)
     assert isinstance(made, StagedKernel if name in STAGED else AutoKernel), made
     assert relative_error(made(**args), want) < 2e-2, seed
+
+
+@pytest.mark.gpu
+def test_a_staged_memory_order_route_repeats_on_the_fast_path():
+    """A group norm passed channels last runs the program in that order, whose kernel is two
+    stages: the route gives them its outputs, and repeated calls take the fast path (the
+    checked path cost 57 µs of host time a call against a 101 µs kernel on the H100:
+    ``probe`` of ``benchmarks.layout_kernels``' group_norm_passed_channels_last)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    B, G, C, P = 2, 4, 8, 1000
+    gen = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    x = (torch.randn(B, P, G, C, device="cuda", generator=gen) * 3 + 1).to(torch.bfloat16)
+    w = (torch.rand(G, C, device="cuda", generator=gen) + 0.5).to(torch.bfloat16)
+    bias = torch.randn(G, C, device="cuda", generator=gen).to(torch.bfloat16)
+    view = x.permute(0, 2, 3, 1)                     # [B, G, C, P], channels last in memory
+    xd = view.double()
+    mean = xd.mean(dim=(2, 3), keepdim=True)
+    var = ((xd - mean) ** 2).mean(dim=(2, 3), keepdim=True)
+    want = (xd - mean) / torch.sqrt(var + 1e-5) * w.double()[..., None] + bias.double()[..., None]
+    made = tf.compile(group_norm)
+    for _ in range(4):
+        assert relative_error(made(view, w, bias, 1e-5), want) < 2e-2
+    routed = next(iter(made.routes._kernels.values()))
+    assert isinstance(routed.inner, StagedKernel), routed.inner
+    assert sum(f.calls for f in routed._fast.values()) >= 2, routed._fast
 
 
 @pytest.mark.gpu
@@ -406,8 +466,9 @@ def _loads(expr):
 def test_a_staged_kernels_repeated_call_is_its_stages_fast_calls():
     """Where every stage keeps a fast call for its signature (the GPU kernels do; counted CPU
     stand-ins here), the staged kernel keeps one for the call's: a repeated call runs the
-    stages' in turn, with the same result; a call with ``out=``, or a stage's fast call that
-    leaves its call to the checked path, takes the checked path."""
+    stages' in turn, with the same result; a signature with ``out=`` keeps its own, which writes
+    the caller's array; a stage's fast call that leaves its call to the checked path leaves the
+    whole call to it."""
     from tensorfuse.binding import signature_key
 
     class Counted:   # a stage kernel keeping a fast call per signature, counting its calls
@@ -434,7 +495,12 @@ def test_a_staged_kernels_repeated_call_is_its_stages_fast_calls():
     assert [k.fast_calls for k in made.kernels] == [1] * len(made.kernels)
     assert relative_error(torch.as_tensor(again), want) < 2e-2
     assert (torch.as_tensor(again) == torch.as_tensor(first)).all()
-    assert fast((), {**args, "out": first}) is None
+    out = torch.full_like(torch.as_tensor(first), float("nan"))
+    out_key = signature_key((), {**args, "out": out})
+    assert made.invoke(out_key, (), {**args, "out": out}) is out
+    out.fill_(float("nan"))
+    assert made._fast[out_key]((), {**args, "out": out}) is out
+    assert (out == torch.as_tensor(first)).all()
     made.kernels[-1].declines = True
     assert fast((), args) is None
 
