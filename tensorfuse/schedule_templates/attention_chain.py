@@ -13,12 +13,13 @@ the axes found by their roles, in any order in each tensor (``[B, S, H, D]`` as 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..algebra import inline_elementwise, plan_chain
-from ..algebra.exprs import factors, finite_shift, nodes, substitute
+from ..algebra.exprs import factors, nodes, substitute
 from ..dsl.evaluate import evaluate_plain
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Symbol, Unary,
                         Where, binary, unary)
@@ -93,6 +94,13 @@ def _same(a, b) -> bool:
     return a.key() == b.key()
 
 
+def _rounded(f, p) -> bool:
+    """Whether ``f`` is the weights ``p`` rounded to a float dtype (``T.cast(p, "bf16")``, as
+    torch's ``softmax(s).to(v.dtype)``): the kernel rounds them to the values' dtype for ``p·v``
+    itself, so weights rounded to it, or to float32, are the ones it multiplies."""
+    return isinstance(f, Cast) and f.dtype in ("bf16", "f16", "f32") and _same(f.a, p)
+
+
 def _is_axis(e, axis) -> bool:
     return isinstance(e, Axis) and e.uid == axis.uid
 
@@ -119,8 +127,10 @@ def recognise_attention(program: Program, names: tuple[str, ...], axis: str, who
     except ScheduleError as exc:
         raise refuse(exc.message, exc.location) from None
     members = [m, plain, weighted]
-    v_load = [f for f in factors(inline_elementwise(weighted.bodies[0])) if not _same(f, p)]
-    if len(v_load) != 1 or not isinstance(v_load[0], Load):
+    terms = factors(inline_elementwise(weighted.bodies[0]))
+    v_load = [f for f in terms if not (_same(f, p) or _rounded(f, p))]
+    if len(v_load) != 1 or not isinstance(v_load[0], Load) or any(
+            _rounded(f, p) and f.dtype not in (v_load[0].param.dtype, "f32") for f in terms):
         raise refuse(f"{weighted.name} must be sum(p * v[...]) with the same weights p as "
                      f"{plain.name}", weighted.loc)
     v_load = v_load[0]
@@ -357,13 +367,40 @@ def softmax_states(program: Program, names: tuple[str, ...]):
 
 
 def _the_maximum(e: Expr, m: Compute) -> bool:
-    """Whether ``e`` reads the maximum ``m`` as the weights subtract it: as it is, or as a
+    """Whether ``e`` reads the maximum ``m`` as the weights subtract it: as it is, or guarded
+    for a row without keys, ``where(m finite, m, c)`` with ``c`` a finite constant — as a
     logsumexp written for the templates takes it (``where(|m| < ∞, m, 0)``:
-    :func:`~tensorfuse.algebra.exprs.finite_shift`) — the same value wherever a row has a finite
-    maximum; a row without one is NaN either way (its weights ``exp(s − m)`` or its ``o / l``)."""
+    :func:`~tensorfuse.algebra.exprs.finite_shift`) or as users write it (``where(m > -inf, m,
+    0.0)``, ``where(m == -inf, 0.0, m)``): the same value wherever a row has a finite maximum;
+    a row without one has no weight either way (its ``o / l`` NaN, or the fill its output
+    chooses where ``l`` is 0)."""
     if isinstance(e, Ref) and e.compute is m:
         return True
-    return e.key() == finite_shift(Ref(m, 0), m.dtypes[0]).key()
+    if not (isinstance(e, Where) and isinstance(e.cond, Compare)):
+        return False
+
+    def is_m(x) -> bool:
+        return isinstance(x, Ref) and x.compute is m
+
+    def is_abs_m(x) -> bool:
+        return isinstance(x, Unary) and x.op == "abs" and is_m(x.a)
+
+    def infinite(x, sign: int) -> bool:
+        return isinstance(x, Const) and x.value == sign * math.inf
+
+    def finite(x) -> bool:
+        return isinstance(x, Const) and isinstance(x.value, (int, float)) and \
+            not isinstance(x.value, bool) and math.isfinite(x.value)
+    a, b, op = e.cond.a, e.cond.b, e.cond.op
+    if is_m(b) or is_abs_m(b):   # the maximum on the left
+        a, b, op = b, a, {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op)
+    finite_if_true = (is_m(a) and op in ("gt", "ne") and infinite(b, -1)) or \
+        (is_abs_m(a) and op in ("lt", "ne") and infinite(b, 1))
+    infinite_if_true = (is_m(a) and op in ("eq", "le") and infinite(b, -1)) or \
+        (is_abs_m(a) and op in ("eq", "ge") and infinite(b, 1))
+    if finite_if_true:
+        return is_m(e.a) and finite(e.b)
+    return infinite_if_true and is_m(e.b) and finite(e.a)
 
 
 def attention_loads(program: Program, names: tuple[str, ...], axis: str):

@@ -30,7 +30,8 @@ sums stay where they are written."""
 from __future__ import annotations
 
 from ..algebra.exprs import nodes, rewritten_program, substitute
-from ..dsl.expr import Axis, Binary, Expr, Load, Ref, Unary, binary, unary
+from ..dsl import dtypes as dt
+from ..dsl.expr import Axis, Binary, Cast, Expr, Load, Ref, Unary, binary, unary
 from ..dsl.printer import to_text
 from ..dsl.program import Compute, Program
 from .stages import fresh_names
@@ -124,11 +125,20 @@ def _outside(c: Compute, body: Expr) -> tuple[Expr, list, list] | None:
 def _split(e: Expr, numerators: list, denominators: list) -> None:
     """The factors of a product of quotients: ``a · b / c`` → numerators ``a, b``, denominators
     ``c`` (a denominator kept whole), through the elementwise values that are such products
-    (``w = p / l`` read as ``w · v``)."""
+    (``w = p / l`` read as ``w · v``) and through a rounding to a float dtype of one (the
+    weights cast to the values' dtype, as torch's ``softmax(s).to(v.dtype)``:
+    ``cast(p / l)`` → ``cast(p)`` over ``l``, the rounding then before the division)."""
     if isinstance(e, Ref) and not e.compute.is_reduction and e.compute.arity == 1 and \
-            isinstance(e.compute.bodies[0], Binary) and e.compute.bodies[0].op in ("mul", "div"):
+            _product(e.compute.bodies[0]):
         e = e.compute.bodies[0]
-    if isinstance(e, Binary) and e.op == "mul":
+    if isinstance(e, Cast) and dt.is_float(e.dtype) and _product(e.a):
+        inner: list = []
+        _split(e.a, inner, denominators)
+        rounded = inner[0]
+        for f in inner[1:]:
+            rounded = binary("mul", rounded, f, e.loc)
+        numerators.append(Cast(rounded, e.dtype, e.loc))
+    elif isinstance(e, Binary) and e.op == "mul":
         _split(e.a, numerators, denominators)
         _split(e.b, numerators, denominators)
     elif isinstance(e, Binary) and e.op == "div":
@@ -136,6 +146,13 @@ def _split(e: Expr, numerators: list, denominators: list) -> None:
         denominators.append(e.b)
     else:
         numerators.append(e)
+
+
+def _product(e: Expr) -> bool:
+    """Whether ``e`` is a product or quotient (through a float rounding of one)."""
+    if isinstance(e, Cast) and dt.is_float(e.dtype):
+        return _product(e.a)
+    return isinstance(e, Binary) and e.op in ("mul", "div")
 
 
 def _log_divided(f: Expr, over: set, axes: set, denominators: list) -> Expr:

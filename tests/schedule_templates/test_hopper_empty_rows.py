@@ -19,13 +19,23 @@ SIZES = dict(B=2, H=8, HKV=2, M=1000, N=1000, D=64)
 MASK = T.Tensor["B", 1, "M", "N", "bool"]
 
 
-def _guarded(form: str):
+# the maximum as users guard it for a row without keys (the weights' shift), by spelling
+SHIFTS = {"plain": lambda m: m,
+          "above": lambda m: T.where(m > -T.inf, m, 0.0),
+          "below": lambda m: T.where(-T.inf < m, m, 0.0),
+          "equal": lambda m: T.where(m == -T.inf, 0.0, m),
+          "finite": lambda m: T.where(T.abs(m) < T.inf, m, 0.0),
+          "unequal": lambda m: T.where(m != -T.inf, m, -1.0)}
+
+
+def _guarded(form: str, shift: str = "plain"):
     @tf.kernel
     def guarded(q: Q, k: KV, v: KV, mask: MASK, scale: T.f32):
         b, h, i, j, d, e = T.axes("b h i j d e")
         s = T.where(mask[b, 0, i, j], scores(q, k, b, h, h, i, j, d, scale), -T.inf)
         m = T.max(s, over=j)
-        p = T.exp(s - m)
+        p = T.exp(s - (SHIFTS[shift](m) if shift in SHIFTS else
+                       T.where(m > 0.0, m, 0.0)))   # not a guard: another shift where m < 0
         l = T.sum(p, over=j)  # noqa: E741
         o = T.sum(p * v[b, h, j, e], over=j)
         if form == "ne":
@@ -40,6 +50,22 @@ def _guarded(form: str):
 def test_the_guarded_ratio_is_recognised_in_each_spelling(form):
     plan = plan_hopper_attention(_guarded(form).program, CHAIN, "j")
     assert plan.chain.empty_rows and plan.mask is not None
+
+
+@pytest.mark.parametrize("shift", sorted(set(SHIFTS) - {"plain"}))
+def test_the_maximum_guarded_for_empty_rows_is_recognised_in_each_spelling(shift):
+    """``exp(s − where(m > −∞, m, 0))`` is ``exp(s − m)`` on every row with a key; a row
+    without one has no weight either way."""
+    plan = plan_hopper_attention(_guarded("ne", shift).program, CHAIN, "j")
+    assert plan.chain.empty_rows and plan.mask is not None
+    made = tf.compile(_guarded("ne", shift), "cuda:sm_90a")
+    sizes = {n: v for n, v in SIZES.items() if n != "HKV"}   # k and v indexed by q's head
+    assert ": hopper_attention (" in made.describe_plan(**sizes).splitlines()[0]
+
+
+def test_a_shift_other_than_the_guarded_maximum_is_refused():
+    with pytest.raises(ScheduleError, match="must be exp"):
+        plan_hopper_attention(_guarded("ne", "positive part").program, CHAIN, "j")
 
 
 def test_an_empty_row_given_another_value_than_0_is_refused():
@@ -104,3 +130,20 @@ def test_rows_the_mask_empties_give_0_on_the_gpu(knobs):
         *(a.cuda() for a in args), scale=0.125, out=out)
     assert not out.isnan().any(), seed
     assert relative_error(out, want) < 2e-2, seed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", ["above", "equal"])
+def test_a_guarded_maximum_gives_0_on_empty_rows_on_the_gpu(shift):
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    seed = fresh_seed()
+    args, want = _padded_case(torch.Generator().manual_seed(seed), HKV=8)
+    made = tf.compile(_guarded("ne", shift))
+    for _ in range(2):   # the checked path, then the fast call
+        out = torch.full(want.shape, float("nan"), dtype=torch.float32, device="cuda")
+        made(*(a.cuda() for a in args), scale=0.125, out=out)
+        assert not out.isnan().any(), seed
+        assert relative_error(out, want) < 2e-2, seed

@@ -44,6 +44,18 @@ def normalised_inside(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", 
 
 
 @tf.kernel
+def rounded_weights(q: T.Tensor["B", "H", "M", "D", "bf16"], k: T.Tensor["B", "H", "N", "D", "bf16"],
+                    v: T.Tensor["B", "H", "N", "D", "bf16"], scale: T.f32):
+    """The softmax's weights rounded to the values' dtype before their weighted sum, as torch's
+    ``softmax(s, -1).to(v.dtype) @ v``."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+    p = T.exp(s - T.max(s, over=j))
+    weights = T.cast(p / T.sum(p, over=j), "bf16")
+    return T.sum(weights * v[b, h, j, e], over=j)
+
+
+@tf.kernel
 def softmax_entropy(x: T.Tensor["R", "C", "f32"]):
     """The normaliser also read along the axis (inside the log): it stays inside."""
     r, c = T.axes("r c")
@@ -100,6 +112,10 @@ def test_the_normaliser_is_moved_outside_the_sum():
     assert "out_sum" not in computes and "weights" in computes   # read inline, left unread
     program, note = normalised_sums(normalised_inside.program)
     assert str(program.outputs[0].bodies[0]) == "terms / l"
+    program, note = normalised_sums(rounded_weights.program)   # rounded, then divided
+    computes = {c.name: c for c in program.computes}
+    assert str(computes["terms"].bodies[0]) == "p.astype('bf16') * v[b, h, j, e]"
+    assert str(program.outputs[0].bodies[0]) == "terms / weights_sum"
 
 
 def test_a_scale_inside_a_dot_product_moves_out_of_it():
@@ -133,7 +149,7 @@ def test_sums_without_a_normaliser_to_move_are_left_alone():
 
 
 @pytest.mark.parametrize("kernel", [softmax_then_sum, normalised_inside, scaled_queries,
-                                    logsumexp_weights])
+                                    logsumexp_weights, rounded_weights])
 def test_attention_written_other_ways_gets_the_hopper_attention(kernel):
     made = tf.compile(kernel, HOPPER)
     plan = made.describe_plan(**SIZES).splitlines()
@@ -165,7 +181,8 @@ def _interpreted_errors(seed: int) -> list[float]:
 
     (q, k, v), want = _inputs(seed)
     errors = []
-    for kernel in (softmax_then_sum, normalised_inside, scaled_queries, logsumexp_weights):
+    for kernel in (softmax_then_sum, normalised_inside, scaled_queries, logsumexp_weights,
+                   rounded_weights):
         errors.append(relative_error(interpreted(kernel)(q, k, v, 0.3), want))
         errors.append(relative_error(tf.compile(kernel, "llvm")(q, k, v, 0.3), want))
     return errors
@@ -175,7 +192,8 @@ def _interpreted_errors(seed: int) -> list[float]:
 def test_the_rewritten_attention_matches_float64_on_the_gpu():
     seed = fresh_seed()
     (q, k, v), want = _inputs(seed, "cuda", M=1000, N=777, D=128)
-    for kernel in (softmax_then_sum, normalised_inside, scaled_queries, logsumexp_weights):
+    for kernel in (softmax_then_sum, normalised_inside, scaled_queries, logsumexp_weights,
+                   rounded_weights):
         made = tf.compile(kernel)
         for _ in range(2):   # the checked path, then the fast call
             assert relative_error(made(q, k, v, 0.3), want) < 2e-2, (kernel, seed)
