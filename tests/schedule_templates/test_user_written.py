@@ -1,7 +1,8 @@
 """Kernels as users write them that no issue or benchmark lists
 (:mod:`tests.schedule_templates.user_written_check`,
 :mod:`tests.schedule_templates.user_written_more_check`,
-:mod:`tests.schedule_templates.user_written_extra_check`): their numbers against float64 through
+:mod:`tests.schedule_templates.user_written_extra_check`,
+:mod:`tests.schedule_templates.user_written_forms_check`): their numbers against float64 through
 Triton's interpreter (as ``tf.compile`` makes them for sm_90a), the CPU target and (marked
 ``gpu``) the GPU at hand; their gradients (:mod:`tests.schedule_templates.user_gradients_check`)
 through the first two; the plans of a few at a GPU's sizes; their sm_90a code compiled."""
@@ -13,11 +14,13 @@ import torch
 import tensorfuse as tf
 from tests.helpers import check_cases_compiled, check_cases_interpreted, fresh_seed
 from tests.schedule_templates import (user_written_check, user_written_extra_check,
-                                      user_written_more_check)
+                                      user_written_forms_check, user_written_more_check)
 from tests.schedule_templates.user_written_check import (cosine_attention, masked_var_tokens,
                                                          rms_over_heads, token_l2_distance_min)
 
-MODULES = [user_written_check, user_written_more_check, user_written_extra_check]
+MODULES = [user_written_check, user_written_more_check, user_written_extra_check,
+           user_written_forms_check]
+ATTENTION = dict(B=2, H=16, S=4096, D=128)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
@@ -56,6 +59,15 @@ def test_the_masked_variance_builds_on_the_cpu_with_its_references_per_feature()
     # the min over the codebook kept beside the distances' tiles, nothing stored between
     (token_l2_distance_min, dict(B=8, N=4096, K=1024, D=64),
      ("contraction template", "out_min = min_k dist")),
+    # attention as other tools' users write it, on the Hopper template
+    (user_written_forms_check.base_two_attention, ATTENTION,
+     ("base-two weights as natural exponentials", ": hopper_attention (")),
+    (user_written_forms_check.rounded_weights_attention, ATTENTION,
+     ("moved outside it (out_sum: / w_sum)", ": hopper_attention (")),
+    (user_written_forms_check.padded_guarded_attention, ATTENTION,
+     (": hopper_attention (", "mask: keep[b, j]")),
+    (user_written_forms_check.relative_bias_attention, dict(ATTENTION, R=128),
+     (": hopper_attention (", "+ table[h, min(i - j, T.size('R') - 1)]")),
 ])
 def test_user_written_kernels_plan_on_templates_at_a_gpus_sizes(kernel, sizes, expected):
     with warnings.catch_warnings():
