@@ -78,7 +78,13 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if spec.is_gpu and _triton_available() else None
         if read_otherwise is not None:
             return _routed(read_otherwise, spec, dynamic)
-        for rewrite in PROGRAM_REWRITES if spec.is_gpu else ():
+        # the gradient of attention is planned from its forward (attention_gradient, below),
+        # not rewritten as a program of its own
+        from .attention_gradient import attention_forward
+
+        rewrites = PROGRAM_REWRITES if spec.is_gpu and \
+            attention_forward(kernel, spec) is None else ()
+        for rewrite in rewrites:
             windowed = _rewritten(kernel, spec, rewrite, dynamic)
             if windowed is not None:
                 return windowed

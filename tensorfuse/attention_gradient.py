@@ -21,10 +21,25 @@ from .torch_graph import GraphCallable
 
 def attention_gradient(gradient, target: TargetSpec, floor, compile_kernel):
     """An :class:`AttentionGradientKernel` for ``gradient`` (a ``tf.grad`` kernel) on a CUDA
-    ``target`` where its forward is softmax attention (the attention template's choice, a
-    max → sum(exp) → weighted-sum chain) and each parameter's gradient is one output; else
-    None. ``floor``: what runs at sizes the backward template refuses (a factory, made on first
-    use); ``compile_kernel``: ``tf.compile``, for the forward that saves the log-sum-exp."""
+    ``target`` where its forward is softmax attention (:func:`attention_forward`) and each
+    parameter's gradient is one output; else None. ``floor``: what runs at sizes the backward
+    template refuses (a factory, made on first use); ``compile_kernel``: ``tf.compile``, for
+    the forward that saves the log-sum-exp."""
+    found = attention_forward(gradient, target)
+    if found is None:
+        return None
+    program, fusion = found
+    return AttentionGradientKernel(gradient, target, fusion, floor, compile_kernel, program)
+
+
+def attention_forward(gradient, target: TargetSpec):
+    """``(forward program, its fusion)`` where ``gradient`` is a ``tf.grad`` kernel on a CUDA
+    ``target`` whose forward is softmax attention (the attention template's choice, a max →
+    sum(exp) → weighted-sum chain) and each parameter's gradient is one output; else None. The
+    forward as ``tf.compile`` reads it: attention written another way (weights then their sum,
+    in base two) is the same function as the equivalent program, so it has the same
+    gradients (:func:`~tensorfuse.read_other_ways.equivalent_program`)."""
+    from .read_other_ways import equivalent_program
     from .schedule_templates.attention_chain import softmax_states
     from .schedule_templates.auto import choose
 
@@ -34,25 +49,28 @@ def attention_gradient(gradient, target: TargetSpec, floor, compile_kernel):
     params = [o.param for o in gradient.outputs]
     if len(params) != len(set(params)):
         return None
-    choice = choose(forward.program, target)
+    program = equivalent_program(forward.program)
+    choice = choose(program, target)
     if choice is None or choice[0] != "attention":
         return None
     try:   # the rolled chain is softmax attention's (the template also rolls other chains)
-        softmax_states(forward.program, choice[1].names)
+        softmax_states(program, choice[1].names)
     except TensorfuseError:
         return None
-    return AttentionGradientKernel(gradient, target, choice[1], floor, compile_kernel)
+    return program, choice[1]
 
 
 class AttentionGradientKernel(GraphCallable):
     """A ``tf.grad`` kernel of attention: the forward with its log-sum-exp, then the attention
     backward template, per call's sizes; the floor where the template refuses them."""
 
-    def __init__(self, gradient, target: TargetSpec, fusion, floor, compile_kernel):
+    def __init__(self, gradient, target: TargetSpec, fusion, floor, compile_kernel,
+                 forward=None):
         self.gradient, self.target, self.fusion = gradient, target, fusion
         self._compile = compile_kernel
         self.program = gradient.program
-        self.forward = gradient.forward.program
+        # the forward the template plans from: the gradient's own, or an equivalent program
+        self.forward = forward or gradient.forward.program
         self._floor_factory, self._floor = floor, None
         self._saving = None
         self._templates: dict = {}   # sizes -> the backward template, or why it refused them

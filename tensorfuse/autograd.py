@@ -89,6 +89,8 @@ class Differentiation:
         self.saving = None          # the forward program that also writes the log-sum-exp
         self._saving_kernel = None
         self._fusion = False        # not decided yet (_attention_fusion)
+        # the forward the attention backward plans from (an equivalent program: _attention_fusion)
+        self.attention_program: Program = self.program
 
     def training_op(self, qualname: str, device: str):
         """The operator autograd records calls of this kernel with, where its forward can save
@@ -104,7 +106,7 @@ class Differentiation:
         from .torch_graph import kernel_op
 
         try:
-            self.saving = with_logsumexp(self.program, fusion.names)
+            self.saving = with_logsumexp(self.attention_program, fusion.names)
         except TensorfuseError:
             return None
         op = kernel_op(qualname, self.saving,
@@ -114,15 +116,20 @@ class Differentiation:
 
     def _attention_fusion(self):
         """The forward's fusion where it is an attention chain on a CUDA target (what the
-        saved log-sum-exp and the backward template need), else None; decided once."""
+        saved log-sum-exp and the backward template need), else None; decided once. The
+        forward as ``tf.compile`` reads it (:func:`~tensorfuse.read_other_ways.
+        equivalent_program`: attention written as weights then their sum, or in base two, is
+        the same function, so it has the same gradients) is :attr:`attention_program`."""
         if self._fusion is False:
             self._fusion = None
             if self.kernel.target.kind == "cuda":
+                from .read_other_ways import equivalent_program
                 from .schedule_templates.auto import choose
 
-                choice = choose(self.program, self.kernel.target)
+                program = equivalent_program(self.program)
+                choice = choose(program, self.kernel.target)
                 if choice is not None and choice[0] == "attention":
-                    self._fusion = choice[1]
+                    self._fusion, self.attention_program = choice[1], program
         return self._fusion
 
     def _saving(self):
@@ -218,7 +225,8 @@ class Differentiation:
             self.templates[key] = None
             from .schedule_templates.hopper_attention_backward import backward_template
 
-            made = backward_template(self.program, fusion, dims, self.kernel.target)
+            made = backward_template(self.attention_program, fusion, dims,
+                                     self.kernel.target)
             if isinstance(made, str):
                 return None
             _TEMPLATES.append(made)

@@ -25,6 +25,20 @@ PROGRAM_REWRITES = (merged_reductions, band_window, nested_scans, normalised_sum
                     base_two_weights)
 
 
+def equivalent_program(program):
+    """``program`` after every rewrite of :data:`PROGRAM_REWRITES` that applies, in turn, as
+    ``tf.compile`` applies them on a GPU (each rewritten program compiled anew): the form the
+    templates recognise — what a backward planned from the forward's chain must read too (the
+    gradient of an equivalent program is the program's), or ``program`` itself."""
+    for _ in range(len(PROGRAM_REWRITES) * 2):   # each rewrite leaves a form it does not match
+        found = next((made for rewrite in PROGRAM_REWRITES
+                      if (made := rewrite(program)) is not None), None)
+        if found is None:
+            return program
+        program = found[0]
+    return program
+
+
 def read_other_way(kernel, spec, dynamic: "bool | None" = None):
     """The scatter-add, scan or band template's kernel of ``kernel`` on the GPU ``spec`` where its
     program is one of those forms (Triton importable: the caller's to know), else ``None``."""

@@ -16,7 +16,7 @@ from ..dsl import dtypes as dt
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, DimSize, Expr, Load, Ref, Scalar, Symbol,
                         Unary, Where, reads_data)
 from ..errors import DSLError
-from .vector_math import fast_exp
+from .vector_math import binds_variables, fast_exp
 
 _UNARY: dict[str, Callable] = {
     "neg": lambda x: -x, "exp": tirx.exp, "exp2": tirx.exp2, "log": tirx.log, "log2": tirx.log2,
@@ -77,17 +77,29 @@ def cast_to(x: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
     return x if str(x.ty) == target else tirx.Cast(target, x)
 
 
-def bf16_rounded(x: tirx.PrimExpr) -> tirx.PrimExpr:
-    """Float32 ``x`` rounded to the nearest bfloat16 (ties to even; NaN kept, past the largest
-    finite one infinity), still float32: the cast to bf16 made explicit, because TVM's
+def bf16_rounded(make: Callable[[], tirx.PrimExpr]) -> tirx.PrimExpr:
+    """Float32 ``x = make()`` rounded to the nearest bfloat16 (ties to even; NaN kept, past the
+    largest finite one infinity), still float32: the cast to bf16 made explicit, because TVM's
     ``BF16ComputeLegalize`` computes bf16 values in float32 and drops a cast to bf16 whose value
-    is read as float32 — ``x − f32(bf16(x))``, the rounding's rest, came out 0 on the CPU."""
-    bits = tirx.reinterpret("uint32", x)
-    odd = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")),
+    is read as float32 — ``x − f32(bf16(x))``, the rounding's rest, came out 0 on the CPU.
+    ``x`` is read three times: where it binds variables (an ``exp`` written as arithmetic, its
+    steps bound once: :func:`.vector_math.fast_exp`), each read is made anew — the same
+    bindings twice in one tree are ill-formed TensorIR (a bf16 cast of a softmax's weights in
+    a gradient failed to build on the CPU), and the value cannot be bound itself where it reads
+    a 16-bit float (:func:`.vector_math.fast_exp` says why)."""
+    x = make()
+    made = [x]
+
+    def read() -> tirx.PrimExpr:   # x, or a new making of it where it binds variables
+        return made.pop() if made else make() if binds_variables(x) else x
+
+    def bits() -> tirx.PrimExpr:
+        return tirx.reinterpret("uint32", read())
+    odd = tirx.bitwise_and(tirx.shift_right(bits(), tirx.const(16, "uint32")),
                            tirx.const(1, "uint32"))
-    rounded = tirx.bitwise_and(bits + tirx.const(0x7FFF, "uint32") + odd,
+    rounded = tirx.bitwise_and(bits() + tirx.const(0x7FFF, "uint32") + odd,
                                tirx.const(0xFFFF0000, "uint32"))
-    return tirx.Select(x != x, x, tirx.reinterpret("float32", rounded))
+    return tirx.Select(read() != read(), read(), tirx.reinterpret("float32", rounded))
 
 
 def lower(e: Expr, scope: Scope, want: str | None = None) -> tirx.PrimExpr:
@@ -137,7 +149,7 @@ def _lower(e: Expr, scope: Scope, own: str) -> tirx.PrimExpr:
     if isinstance(e, Cast):
         inner = dt.resolve(e.a.dtype)
         if own == "bf16" and inner == "f32":
-            return cast_to(bf16_rounded(lower(e.a, scope, inner)), own)
+            return cast_to(bf16_rounded(lambda: lower(e.a, scope, inner)), own)
         return cast_to(lower(e.a, scope, inner), own)
     raise DSLError(f"cannot translate {type(e).__name__} to TensorIR", e.loc)
 

@@ -74,6 +74,18 @@ _CHILDREN = ("a", "b", "value", "condition", "true_value", "false_value", "body"
 def _reads_narrow_floats(e) -> bool:
     """Whether ``e`` has a 16- or 8-bit float anywhere in it (a node of an unknown kind counts
     as one)."""
+    return _any_node(e, lambda node: str(getattr(node, "ty", "")).startswith(_NARROW))
+
+
+def binds_variables(e) -> bool:
+    """Whether ``e`` binds a variable (a ``Let``: :func:`fast_exp` with ``bound``): such an
+    expression may appear once in a tree — used twice, its variables are defined twice, which
+    TVM refuses as ill-formed TensorIR."""
+    return _any_node(e, lambda node: type(node).__name__ == "Let")
+
+
+def _any_node(e, found) -> bool:
+    """Whether ``found(node)`` holds for a node of ``e`` (a node of an unknown kind counts)."""
     seen: set[int] = set()   # nodes by their handles (a TVM object's hash): shared ones once
     todo = [e]
     while todo:
@@ -81,7 +93,7 @@ def _reads_narrow_floats(e) -> bool:
         if hash(node) in seen:
             continue
         seen.add(hash(node))
-        if str(getattr(node, "ty", "")).startswith(_NARROW):   # a PrimExpr's type
+        if found(node):
             return True
         kind = type(node).__name__
         if kind in _LEAVES:

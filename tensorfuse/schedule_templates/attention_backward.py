@@ -35,11 +35,11 @@ from ..algebra import plan_chain
 from ..algebra.exprs import nodes, substitute
 from ..dsl import dtypes as dt
 from ..dsl.expr import (Axis, Binary, Cast, Compare, Const, Expr, Load, Ref, Symbol, Where,
-                        binary, unary)
+                        Unary, binary)
 from ..dsl.gradients import backprop
 from ..dsl.program import Program
 from ..errors import TargetError
-from .attention_chain import sink_term
+from .attention_chain import guarded_maximum, sink_term
 from .row_fold import group_of
 from .tile_plan import plan_rowtile
 
@@ -278,9 +278,8 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
     except KeyError:
         raise TargetError("the chain is not softmax attention (max, sum, weighted sum)") from None
     score = m.body
-    exp_weight = unary("exp", Binary("sub", score, Symbol(f"{m.member.name}.ref", score.dtype),
-                                     score.dtype))
-    if l_.body.key() != exp_weight.key() or o.contraction.left.key() != exp_weight.key():
+    if not (_softmax_weight(l_.body, score, m.member.name) and
+            o.contraction.left.key() == l_.body.key()):
         raise TargetError("the sums are not exp(score − max) (softmax attention)")
     value = o.contraction.right
     empty, sink = _output_form(plan.outputs, o.member.name, l_.member.name, m.member.name)
@@ -315,6 +314,19 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
     return AttentionBackwardPlan(program, dict(sizes), list(plan.batch), head, group, plan.row,
                                  plan.col, q, k, v, d, qk, score, d_score, plan.mask, empty,
                                  value_dim=dv, sink=sink, shared=shared, q_unread=q_unread)
+
+
+def _softmax_weight(e: Expr, score: Expr, m: str) -> bool:
+    """Whether ``e`` is ``exp(score − m)``, the maximum as it is or guarded for a row without
+    keys (:func:`.attention_chain.guarded_maximum`): the weights the backward recomputes from
+    the saved log-sum-exp on every row with a key."""
+    ref = Symbol(f"{m}.ref", score.dtype).key()
+
+    def is_max(x) -> bool:
+        return x.key() == ref
+    return isinstance(e, Unary) and e.op == "exp" and isinstance(e.a, Binary) and \
+        e.a.op == "sub" and e.a.a.key() == score.key() and \
+        (is_max(e.a.b) or guarded_maximum(e.a.b, is_max))
 
 
 def _output_form(outputs, o: str, l_: str, m: str) -> tuple[float | None, Load | None]:

@@ -368,22 +368,25 @@ def softmax_states(program: Program, names: tuple[str, ...]):
 
 def _the_maximum(e: Expr, m: Compute) -> bool:
     """Whether ``e`` reads the maximum ``m`` as the weights subtract it: as it is, or guarded
-    for a row without keys, ``where(m finite, m, c)`` with ``c`` a finite constant — as a
-    logsumexp written for the templates takes it (``where(|m| < ∞, m, 0)``:
+    for a row without keys (:func:`guarded_maximum`)."""
+    def is_m(x) -> bool:
+        return isinstance(x, Ref) and x.compute is m
+    return is_m(e) or guarded_maximum(e, is_m)
+
+
+def guarded_maximum(e: Expr, is_max) -> bool:
+    """Whether ``e`` is a maximum (``is_max(x)``: whether ``x`` is it) guarded for a row
+    without keys, ``where(m finite, m, c)`` with ``c`` a finite constant — as a logsumexp
+    written for the templates takes it (``where(|m| < ∞, m, 0)``:
     :func:`~tensorfuse.algebra.exprs.finite_shift`) or as users write it (``where(m > -inf, m,
     0.0)``, ``where(m == -inf, 0.0, m)``): the same value wherever a row has a finite maximum;
     a row without one has no weight either way (its ``o / l`` NaN, or the fill its output
     chooses where ``l`` is 0)."""
-    if isinstance(e, Ref) and e.compute is m:
-        return True
     if not (isinstance(e, Where) and isinstance(e.cond, Compare)):
         return False
 
-    def is_m(x) -> bool:
-        return isinstance(x, Ref) and x.compute is m
-
     def is_abs_m(x) -> bool:
-        return isinstance(x, Unary) and x.op == "abs" and is_m(x.a)
+        return isinstance(x, Unary) and x.op == "abs" and is_max(x.a)
 
     def infinite(x, sign: int) -> bool:
         return isinstance(x, Const) and x.value == sign * math.inf
@@ -392,15 +395,15 @@ def _the_maximum(e: Expr, m: Compute) -> bool:
         return isinstance(x, Const) and isinstance(x.value, (int, float)) and \
             not isinstance(x.value, bool) and math.isfinite(x.value)
     a, b, op = e.cond.a, e.cond.b, e.cond.op
-    if is_m(b) or is_abs_m(b):   # the maximum on the left
+    if is_max(b) or is_abs_m(b):   # the maximum on the left
         a, b, op = b, a, {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op)
-    finite_if_true = (is_m(a) and op in ("gt", "ne") and infinite(b, -1)) or \
+    finite_if_true = (is_max(a) and op in ("gt", "ne") and infinite(b, -1)) or \
         (is_abs_m(a) and op in ("lt", "ne") and infinite(b, 1))
-    infinite_if_true = (is_m(a) and op in ("eq", "le") and infinite(b, -1)) or \
+    infinite_if_true = (is_max(a) and op in ("eq", "le") and infinite(b, -1)) or \
         (is_abs_m(a) and op in ("eq", "ge") and infinite(b, 1))
     if finite_if_true:
-        return is_m(e.a) and finite(e.b)
-    return infinite_if_true and is_m(e.b) and finite(e.a)
+        return is_max(e.a) and finite(e.b)
+    return infinite_if_true and is_max(e.b) and finite(e.a)
 
 
 def attention_loads(program: Program, names: tuple[str, ...], axis: str):
