@@ -88,11 +88,12 @@ class AttentionGradientKernel(GraphCallable):
         if key not in self._templates:
             from .schedule_templates.hopper_attention_backward import backward_template
 
+            from .schedule_templates.attention_backward import frozen_refusal
+
             made = backward_template(self.forward, self.fusion, dict(dims), self.target)
             if not isinstance(made, str):
-                names = [x.param.name for x in made.plan.differentiated]
-                if any(o.param not in names for o in self.gradient.outputs):
-                    made = "a gradient the backward template does not compute is asked for"
+                made = frozen_refusal(made.plan, [o.param for o in self.gradient.outputs]) \
+                    or made
             self._templates[key] = made
         return self._templates[key]
 

@@ -181,6 +181,9 @@ class Differentiation:
         scalars = iter(ctx.scalars)
         args = [next(scalars) if s else next(tensors) for s in self.scalar]
         key = self._template(args)
+        if key is not None and _asks_frozen(_TEMPLATES[key].plan, self.params,
+                                            ctx.needs_input_grad):
+            key = None   # a gradient of a tensor the score reads (a bias table): the program's
         if key is not None:   # attention on a GPU: FlashAttention-2's backward kernels
             plan = _TEMPLATES[key].plan
             named = {p.name: a for p, a in zip(self.params, args)}
@@ -233,6 +236,16 @@ class Differentiation:
             self.templates[key] = len(_TEMPLATES) - 1
         self.templates_by_shapes[shapes] = self.templates[key]
         return self.templates[key]
+
+
+def _asks_frozen(plan, params: list, needs: tuple) -> bool:
+    """Whether autograd needs the gradient of a tensor the backward template's plan does not
+    differentiate (:func:`~.schedule_templates.attention_backward.frozen_refusal`): a bias
+    table the score reads that requires grad."""
+    from .schedule_templates.attention_backward import frozen_refusal
+
+    asked = [p.name for p, need in zip(params, needs) if need and not isinstance(p, ScalarParam)]
+    return frozen_refusal(plan, asked) is not None
 
 
 def _runs_directly(tensors: list) -> bool:

@@ -110,6 +110,10 @@ class AttentionBackwardPlan:
     shared: tuple = ()
     # batch axes q does not read (latent queries shared by the batch): dQ summed over them
     q_unread: tuple = ()
+    # tensors the score reads besides q·kᵀ (a bias table, a temperature per sequence): their
+    # gradients would be scatters of dS, which the template does not compute — a gradient
+    # asked of them takes the gradient program instead (:func:`frozen_refusal`)
+    frozen: tuple[str, ...] = ()
     _lists: dict = field(default_factory=dict, repr=False)   # block lists by sizes/scalars
 
     def __post_init__(self):
@@ -301,19 +305,37 @@ def plan_attention_backward(program: Program, fusion, sizes: dict) -> AttentionB
     head, group = _grouping(plan, k, v, sizes)
     shared, q_unread = _broadcast_axes(plan.batch, q, k, v)
     contributions = backprop(score, Symbol(DS, "f32"))
-    d_score = None
+    d_score, frozen = None, []
     for leaf, c in contributions:
         if isinstance(leaf, Ref) and leaf.compute.name == qk:
             d_score = c if d_score is None else binary("add", d_score, c)
+        elif isinstance(leaf, Load):
+            frozen.append(leaf.param.name)
         else:
-            what = leaf.param.name if isinstance(leaf, Load) else leaf.compute.name
-            raise TargetError(f"the score reads {what}, whose gradient the attention backward "
-                              "does not compute (a scatter)")
+            raise TargetError(f"the score reads {leaf.compute.name}, whose gradient the "
+                              "attention backward does not compute")
     if d_score is None:
         raise TargetError("the score does not depend on q·kᵀ")
     return AttentionBackwardPlan(program, dict(sizes), list(plan.batch), head, group, plan.row,
                                  plan.col, q, k, v, d, qk, score, d_score, plan.mask, empty,
-                                 value_dim=dv, sink=sink, shared=shared, q_unread=q_unread)
+                                 value_dim=dv, sink=sink, shared=shared, q_unread=q_unread,
+                                 frozen=tuple(dict.fromkeys(frozen)))
+
+
+def frozen_refusal(plan: AttentionBackwardPlan, asked) -> str | None:
+    """Why the template cannot give the gradients of the parameters named in ``asked`` (a
+    tensor the score reads besides q·kᵀ: its gradient is a scatter of dS, e.g. a relative-
+    position bias table's), or None where it gives them all."""
+    given = {x.param.name for x in plan.differentiated}
+    missing = [n for n in asked if n not in given]
+    if not missing:
+        return None
+    frozen = [n for n in missing if n in plan.frozen]
+    if frozen:
+        return (f"the score reads {', '.join(frozen)}, whose gradient the attention backward "
+                "does not compute (a scatter of dS); ask tf.grad(kernel, wrt=[...]) without it, "
+                "or leave it without requires_grad, for the template")
+    return "a gradient the backward template does not compute is asked for"
 
 
 def _softmax_weight(e: Expr, score: Expr, m: str) -> bool:

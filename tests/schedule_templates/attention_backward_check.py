@@ -223,6 +223,57 @@ def latent_queries(q: T.Tensor["H", "M", "D", "f32"], k: T.Tensor["B", "H", "N",
     return softmax_attend(T.sum(q[h, i, d] * k[b, h, j, d], over=d) * scale, v[b, h, j, e], j)
 
 
+@tf.kernel
+def table_bias(q: T.Tensor["B", "H", "M", "D", "f32"], k: T.Tensor["B", "H", "N", "D", "f32"],
+               v: T.Tensor["B", "H", "N", "D", "f32"], table: T.Tensor["H", "R", "f32"],
+               scale: T.f32):
+    """Causal attention with a T5 bias per head and clamped distance read from a table."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    bucket = T.minimum(key_position(i) - j, T.size("R") - 1)
+    s = T.where(key_position(i) >= j, T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) * scale
+                + table[h, bucket], -T.inf)
+    return softmax_attend(s, v[b, h, j, e], j)
+
+
+@tf.kernel
+def sequence_temperature(q: T.Tensor["B", "H", "M", "D", "f32"],
+                         k: T.Tensor["B", "H", "N", "D", "f32"],
+                         v: T.Tensor["B", "H", "N", "D", "f32"], tau: T.Tensor["B", "f32"]):
+    """Causal attention whose scores are divided by a temperature per sequence."""
+    b, h, i, j, d, e = T.axes("b h i j d e")
+    s = T.sum(q[b, h, i, d] * k[b, h, j, d], over=d) / tau[b]
+    return softmax_attend(T.where(key_position(i) >= j, s, -T.inf), v[b, h, j, e], j)
+
+
+def frozen_errors(found: dict) -> None:
+    """dq, dk, dv of attention whose score reads a tensor besides q·kᵀ (a bias table, a
+    temperature per sequence), through ``tf.grad(kernel, ["q", "k", "v"])`` on the backward
+    template (its forward with the log-sum-exp on the CPU), against float64 autograd."""
+    R = 8
+    i, j = torch.arange(M_RAGGED)[:, None] + N_RAGGED - M_RAGGED, torch.arange(N_RAGGED)
+    keep = i >= j
+    table, tau = torch.randn(H, R), torch.rand(2) * 3 + 1
+    cases = {"frozen_table": (table_bias, {"table": table}, {"scale": 0.3},
+                              lambda s: s * 0.3 + table.double()[:, (i - j).clamp(0, R - 1)]),
+             "frozen_temperature": (sequence_temperature, {"tau": tau}, {},
+                                    lambda s: s / tau.double()[:, None, None, None])}
+    for name, (kernel, others, scalars, score_of) in cases.items():
+        made = tf.compile(tf.grad(kernel, ["q", "k", "v"]), "cuda")
+        dims = dict(B=2, H=H, M=M_RAGGED, N=N_RAGGED, D=D, **({"R": R} if "table" in others
+                                                              else {}))
+        found[f"{name}/origin"] = made.schedule_origin(**dims)
+        _, fusion = choose(kernel.program, get_target("cuda"))
+        made._saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names),
+                                                None), target="llvm")
+        q, dout = torch.randn(2, H, M_RAGGED, D), torch.randn(2, H, M_RAGGED, D)
+        k, v = torch.randn(2, H, N_RAGGED, D), torch.randn(2, H, N_RAGGED, D)
+        got = made(q=q, k=k, v=v, **others, **scalars, d_out=dout)
+        exact = [t.double().requires_grad_() for t in (q, k, v)]
+        s = score_of(exact[0] @ exact[1].transpose(-1, -2)).masked_fill(~keep, float("-inf"))
+        want = torch.autograd.grad(torch.softmax(s, -1) @ exact[2], exact, dout.double())
+        found[name] = max(float((a - b).norm() / b.norm()) for a, b in zip(got, want))
+
+
 # operands broadcast over a batch axis they do not read: its gradient sums over that axis
 # (einsum of the scores, of the output; the shapes of q, k and v; causal or not)
 BROADCAST = {
@@ -305,6 +356,7 @@ def errors(seed: int) -> dict:
     sink_errors(found)
     gradient_kernel_errors(found)
     broadcast_errors(found)
+    frozen_errors(found)
     return found
 
 

@@ -4,6 +4,8 @@ autograd choosing it on a GPU."""
 import os
 import secrets
 
+import warnings
+
 import pytest
 import torch
 
@@ -91,8 +93,11 @@ def test_what_the_template_cannot_differentiate_is_refused_with_the_reason():
         p = T.exp(s - m)
         return T.sum(p * v[b, h, j, e], over=j) / T.sum(p, over=j)
 
-    with pytest.raises(TargetError, match="reads table.*scatter"):
-        _plan(learned_bias, dict(DIMS, R=2047))
+    from tensorfuse.schedule_templates.attention_backward import frozen_refusal
+
+    plan = _plan(learned_bias, dict(DIMS, R=2047))   # the table's gradient: a scatter of dS
+    assert frozen_refusal(plan, ["q", "k", "v"]) is None
+    assert "reads table, whose gradient" in frozen_refusal(plan, ["q", "k", "v", "table"])
     with pytest.raises(TargetError, match="up to 256"):
         _plan(K.causal_attention, dict(DIMS, D=512))
 
@@ -115,7 +120,12 @@ def test_interpreted_kernels_match_the_backward_program():
                for n in gradients)
     broadcast = {"grouped_axes", "one_cache", "latent_queries"}   # gradients summed over axes
     names |= broadcast
-    assert set(errors) == names | {f"{n}/saved" for n in names} | widths | sinks | gradients
+    # a score reading a bias table or a temperature: dq, dk, dv through the template
+    frozen = {"frozen_table", "frozen_temperature"}
+    assert all(errors.pop(f"{n}/origin").startswith("attention backward template")
+               for n in frozen)
+    assert set(errors) == names | {f"{n}/saved" for n in names} | widths | sinks | gradients | \
+        frozen
     for name, err in errors.items():   # float32, against the backward program on the CPU
         assert err <= 1e-5, f"{name}: {err:.1e} (TENSORFUSE_SEED={seed})"
     # causal masks' blocks are consecutive (loops over ranges); a mask tensor's are listed
@@ -452,6 +462,60 @@ def test_tf_grad_of_attention_runs_the_template_and_the_floor_where_it_refuses()
 
     assert not isinstance(tf.compile(tf.grad(swiglu_mlp_kernel("bf16")), "cuda:sm_90a"),
                           AttentionGradientKernel)
+
+
+def test_a_gradient_of_a_tensor_the_score_reads_takes_the_program_and_says_why():
+    """A relative-position bias table the score reads: its gradient is a scatter of dS, which
+    the template does not compute — asked for, the gradient program runs (the refusal said);
+    not asked for (``wrt``, or autograd where it does not require grad), the template."""
+    from tensorfuse.autograd import _asks_frozen
+    from tensorfuse.schedule_templates.attention_backward import plan_attention_backward
+    from tests.schedule_templates.user_written_forms_check import relative_bias_attention
+
+    dims = dict(B=2, H=16, S=4096, D=128, R=128)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        every = tf.compile(tf.grad(relative_bias_attention), "cuda:sm_90a").schedule_origin(**dims)
+    assert "the score reads table, whose gradient the attention backward does not compute" \
+        in every, every
+    some = tf.compile(tf.grad(relative_bias_attention, ["q", "k", "v"]), "cuda:sm_90a")
+    assert some.schedule_origin(**dims).startswith("attention backward template")
+    program = relative_bias_attention.program
+    _, fusion = choose(program, get_target("cuda:sm_90a"))
+    plan = plan_attention_backward(program, fusion, dims)
+    assert plan.frozen == ("table",)
+    assert _asks_frozen(plan, program.params, (True, True, True, True, False))
+    assert not _asks_frozen(plan, program.params, (True, True, True, False, False))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("learned", [False, True])
+def test_autograd_of_attention_with_a_bias_table_matches_float64_on_the_gpu(learned):
+    """A frozen table: the backward template; a learned one: the gradient program, the
+    table's gradient too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from tests.helpers import fresh_seed, relative_error
+    from tests.schedule_templates.user_written_forms_check import relative_bias_attention
+
+    seed = fresh_seed()
+    g = torch.Generator().manual_seed(seed)
+    S, D, R = 200, 64, 16
+    q, k, v = (torch.randn(2, 3, S, D, generator=g, dtype=torch.float64).cuda()
+               for _ in range(3))
+    table, weights = torch.randn(3, R, generator=g, dtype=torch.float64).cuda(), \
+        torch.randn(2, 3, S, D, generator=g, dtype=torch.float64).cuda()
+    i, j = torch.arange(S, device="cuda")[:, None], torch.arange(S, device="cuda")
+    exact = [t.clone().requires_grad_() for t in (q, k, v, table)]
+    s = exact[0] @ exact[1].transpose(-1, -2) * 0.2 + exact[3][:, (i - j).clamp(0, R - 1)]
+    ((torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ exact[2]) * weights).sum() \
+        .backward()
+    inputs = [t.bfloat16().requires_grad_() for t in (q, k, v)] + \
+        [table.float().requires_grad_(learned)]
+    out = tf.compile(relative_bias_attention)(*inputs, 0.2)
+    (out.double() * weights).sum().backward()
+    for x, want in zip(inputs if learned else inputs[:3], exact):
+        assert relative_error(x.grad, want.grad) < 3e-2, seed
 
 
 @pytest.mark.gpu
