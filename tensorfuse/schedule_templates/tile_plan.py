@@ -477,6 +477,12 @@ def _outputs(program: Program, plan: RowTilePlan, common: set, features: set) ->
             other = [a.name for a in c.axes if a.uid not in common | {col.uid} | features]
             raise TargetError(f"output {c.name} is over {', '.join(other)}, which is neither a "
                               f"row axis, the swept axis {col.name} nor a feature axis")
+        if col.uid in axes and axes & features:
+            # a value per swept position and feature (attention pooling's gradient of the
+            # tokens, d_x[b, t, e]): the tiles store along the sweep or across the features,
+            # not both — the emitters wrote it as a feature output, indexed by no position
+            raise TargetError(f"output {c.name} is over the swept axis {col.name} and a feature "
+                              "axis at once")
         kind = "row" if axes <= common else ("col" if axes <= common | {col.uid} else "feature")
         out.append((c, expr, kind))
     plan.column_sums = list(sums.values())

@@ -158,6 +158,22 @@ def test_a_staged_fast_call_hands_the_callers_out_to_the_stage_that_writes_it():
     assert declined((), {**args, "out": out}) is None
 
 
+def test_an_output_over_the_swept_axis_and_a_feature_is_refused_by_the_row_tiles():
+    """Attention pooling's gradient of the tokens, ``d_x[b, t, e]`` beside the sums over ``t``:
+    the tiles store along the sweep or across the features, not both. The attention template
+    planned it as a feature output and failed building the source (a KeyError on ``t``); it
+    refuses it now with the reason, and the floor cuts it apart."""
+    from tests.schedule_templates.user_written_extra_check import attention_pool
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        made = tf.compile(tf.grad(attention_pool), "cuda:sm_90a")
+        origin = made.schedule_origin(B=4, T=300, D=64)
+    assert origin.startswith("staged"), origin
+    stages = [s.describe() for s in made.stages]
+    assert not any("d_x from" in s and "m," in s for s in stages), stages
+
+
 def test_stage_templates_match_float64_in_the_interpreter():
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.staged_floor", seed)
