@@ -445,11 +445,10 @@ def _with_scalars_compiled_in(plan: RowTilePlan, values: dict) -> RowTilePlan:
 
 
 def _outputs(program: Program, plan: RowTilePlan, common: set, features: set) -> list:
-    """Each output with its expression over the chain's values and its kind: over the rows, also
-    over the swept axis (``col``), also over a feature axis, or over the swept axis alone from
-    sums down the rows (``colsum``: :mod:`.column_sums`, recorded in ``plan.column_sums``). An
-    output over another axis (a norm over ``c`` written out over ``c`` and ``p``) is refused: no
-    tile holds that axis."""
+    """Each output with its expression and kind: over the rows, also over the swept axis (``col``)
+    or a feature axis, or over the swept axis from sums down the rows (``colsum``, recorded in
+    ``plan.column_sums``). Refused: an output over another axis (a norm over ``c`` written over
+    ``c`` and ``p``), or over the swept and a feature axis at once (``d_x[b, t, e]``): untiled."""
     chain, col = plan.chain, plan.col
     members = {m.name for m in chain.members}
     sums = {cs.name: cs for cs in plan.column_sums}
@@ -477,12 +476,8 @@ def _outputs(program: Program, plan: RowTilePlan, common: set, features: set) ->
             other = [a.name for a in c.axes if a.uid not in common | {col.uid} | features]
             raise TargetError(f"output {c.name} is over {', '.join(other)}, which is neither a "
                               f"row axis, the swept axis {col.name} nor a feature axis")
-        if col.uid in axes and axes & features:
-            # a value per swept position and feature (attention pooling's gradient of the
-            # tokens, d_x[b, t, e]): the tiles store along the sweep or across the features,
-            # not both — the emitters wrote it as a feature output, indexed by no position
-            raise TargetError(f"output {c.name} is over the swept axis {col.name} and a feature "
-                              "axis at once")
+        if col.uid in axes and axes & features:   # stored along the sweep or across features
+            raise TargetError(f"output {c.name} is over the swept axis and a feature axis at once")
         kind = "row" if axes <= common else ("col" if axes <= common | {col.uid} else "feature")
         out.append((c, expr, kind))
     plan.column_sums = list(sums.values())
