@@ -78,13 +78,12 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if spec.is_gpu and _triton_available() else None
         if read_otherwise is not None:
             return _routed(read_otherwise, spec, dynamic)
-        # the gradient of attention is planned from its forward (attention_gradient, below),
-        # not rewritten as a program of its own
+        # the gradient of attention is planned from its forward (AttentionGradientKernel,
+        # below), not rewritten as a program of its own
         from .attention_gradient import attention_forward
 
-        rewrites = PROGRAM_REWRITES if spec.is_gpu and \
-            attention_forward(kernel, spec) is None else ()
-        for rewrite in rewrites:
+        attention = attention_forward(kernel, spec) if spec.is_gpu else None
+        for rewrite in PROGRAM_REWRITES if spec.is_gpu and attention is None else ():
             windowed = _rewritten(kernel, spec, rewrite, dynamic)
             if windowed is not None:
                 return windowed
@@ -149,13 +148,14 @@ def _compile(kernel, target, template, untemplated: str | None = None,
             if flat is not None:
                 return _routed(flat, spec, dynamic)
             why = why_no_template(program, spec)
-            from .attention_gradient import attention_gradient
+            from .attention_gradient import AttentionGradientKernel
 
             def floor():
                 return _staged(kernel, spec, why, dynamic=dynamic) or \
                     _untemplated(kernel, spec, why)
             # tf.grad of attention: FlashAttention-2's backward, not stages storing the scores
-            return attention_gradient(kernel, spec, floor, compile) or floor()
+            return AttentionGradientKernel(kernel, spec, attention, floor, compile) \
+                if attention is not None else floor()
     elif template is not None:
         raise ScheduleError(f"template must be 'auto' or None here; to pick one, use "
                             f"tensorfuse.schedule(...).rolling_update(...).apply_template"

@@ -19,37 +19,31 @@ from .targets import TargetSpec
 from .torch_graph import GraphCallable
 
 
-def attention_gradient(gradient, target: TargetSpec, floor, compile_kernel):
-    """An :class:`AttentionGradientKernel` for ``gradient`` (a ``tf.grad`` kernel) on a CUDA
-    ``target`` where its forward is softmax attention (:func:`attention_forward`) and each
-    parameter's gradient is one output; else None. ``floor``: what runs at sizes the backward
-    template refuses (a factory, made on first use); ``compile_kernel``: ``tf.compile``, for
-    the forward that saves the log-sum-exp."""
-    found = attention_forward(gradient, target)
-    if found is None:
-        return None
-    program, fusion = found
-    return AttentionGradientKernel(gradient, target, fusion, floor, compile_kernel, program)
-
-
 def attention_forward(gradient, target: TargetSpec):
     """``(forward program, its fusion)`` where ``gradient`` is a ``tf.grad`` kernel on a CUDA
-    ``target`` whose forward is softmax attention (the attention template's choice, a max →
-    sum(exp) → weighted-sum chain) and each parameter's gradient is one output; else None. The
-    forward as ``tf.compile`` reads it: attention written another way (weights then their sum,
-    in base two) is the same function as the equivalent program, so it has the same
-    gradients (:func:`~tensorfuse.read_other_ways.equivalent_program`)."""
-    from .read_other_ways import equivalent_program
-    from .schedule_templates.attention_chain import softmax_states
-    from .schedule_templates.auto import choose
-
+    ``target`` whose forward is softmax attention (:func:`attention_of`) and each parameter's
+    gradient is one output — what an :class:`AttentionGradientKernel` is made of; else None."""
     forward = getattr(gradient, "forward", None)
     if target.kind != "cuda" or forward is None or getattr(gradient, "saved", None) is not None:
         return None
     params = [o.param for o in gradient.outputs]
     if len(params) != len(set(params)):
         return None
-    program = equivalent_program(forward.program)
+    return attention_of(forward.program, target)
+
+
+def attention_of(program, target: TargetSpec):
+    """``(program as tf.compile reads it, its fusion)`` where ``program`` is softmax attention
+    (the attention template's choice, a max → sum(exp) → weighted-sum chain), else None: what
+    the attention backward plans from. Attention written another way (weights then their sum,
+    in base two) is read as its equivalent program
+    (:func:`~tensorfuse.read_other_ways.equivalent_program`): the same function, so the same
+    gradients."""
+    from .read_other_ways import equivalent_program
+    from .schedule_templates.attention_chain import softmax_states
+    from .schedule_templates.auto import choose
+
+    program = equivalent_program(program)
     choice = choose(program, target)
     if choice is None or choice[0] != "attention":
         return None
@@ -64,13 +58,13 @@ class AttentionGradientKernel(GraphCallable):
     """A ``tf.grad`` kernel of attention: the forward with its log-sum-exp, then the attention
     backward template, per call's sizes; the floor where the template refuses them."""
 
-    def __init__(self, gradient, target: TargetSpec, fusion, floor, compile_kernel,
-                 forward=None):
-        self.gradient, self.target, self.fusion = gradient, target, fusion
+    def __init__(self, gradient, target: TargetSpec, attention: tuple, floor, compile_kernel):
+        self.gradient, self.target = gradient, target
+        # the forward the template plans from (an equivalent program of the gradient's own) and
+        # its fusion: :func:`attention_forward`
+        self.forward, self.fusion = attention
         self._compile = compile_kernel
         self.program = gradient.program
-        # the forward the template plans from: the gradient's own, or an equivalent program
-        self.forward = forward or gradient.forward.program
         self._floor_factory, self._floor = floor, None
         self._saving = None
         self._templates: dict = {}   # sizes -> the backward template, or why it refused them
@@ -86,9 +80,8 @@ class AttentionGradientKernel(GraphCallable):
         """The backward template at these sizes, or the reason it refuses them (a string)."""
         key = tuple(sorted(dims.items()))
         if key not in self._templates:
-            from .schedule_templates.hopper_attention_backward import backward_template
-
             from .schedule_templates.attention_backward import frozen_refusal
+            from .schedule_templates.hopper_attention_backward import backward_template
 
             made = backward_template(self.forward, self.fusion, dict(dims), self.target)
             if not isinstance(made, str):

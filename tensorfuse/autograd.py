@@ -117,19 +117,16 @@ class Differentiation:
     def _attention_fusion(self):
         """The forward's fusion where it is an attention chain on a CUDA target (what the
         saved log-sum-exp and the backward template need), else None; decided once. The
-        forward as ``tf.compile`` reads it (:func:`~tensorfuse.read_other_ways.
-        equivalent_program`: attention written as weights then their sum, or in base two, is
-        the same function, so it has the same gradients) is :attr:`attention_program`."""
+        forward as ``tf.compile`` reads it (:func:`~tensorfuse.attention_gradient.attention_of`)
+        is :attr:`attention_program`."""
         if self._fusion is False:
             self._fusion = None
             if self.kernel.target.kind == "cuda":
-                from .read_other_ways import equivalent_program
-                from .schedule_templates.auto import choose
+                from .attention_gradient import attention_of
 
-                program = equivalent_program(self.program)
-                choice = choose(program, self.kernel.target)
-                if choice is not None and choice[0] == "attention":
-                    self._fusion, self.attention_program = choice[1], program
+                found = attention_of(self.program, self.kernel.target)
+                if found is not None:
+                    self.attention_program, self._fusion = found
         return self._fusion
 
     def _saving(self):

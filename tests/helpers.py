@@ -113,7 +113,11 @@ def check_interpreted(module: str, cases, tolerance=2e-2) -> None:
     seed = fresh_seed()
     errors = run_interpreted(module, seed)
     assert set(errors) == set(cases), errors
-    allowed = tolerance if callable(tolerance) else (lambda name: tolerance)
+    _assert_within(errors, tolerance if callable(tolerance) else (lambda name: tolerance), seed)
+
+
+def _assert_within(errors: dict, allowed, seed: int) -> None:
+    """Every case's error (by name) under ``allowed(name)``, the seed said where one is not."""
     too_far = {n: e for n, e in errors.items() if not e < allowed(n)}
     assert not too_far, f"relative errors {too_far} (TENSORFUSE_SEED={seed})"
 
@@ -418,5 +422,4 @@ def check_cases_compiled(module, target: str) -> None:
             outs = poisoned_call(tf.compile(kernel, target), kernel.program, args, want)
             wants = want if isinstance(want, tuple) else (want,)
             errors[name] = max(relative_error(o, w) for o, w in zip(outs, wants))
-    too_far = {n: e for n, e in errors.items() if not e < case_tolerance(module.CASES[n][0])}
-    assert not too_far, f"relative errors {too_far} (TENSORFUSE_SEED={seed})"
+    _assert_within(errors, lambda name: case_tolerance(module.CASES[name][0]), seed)

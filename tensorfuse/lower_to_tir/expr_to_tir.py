@@ -88,10 +88,10 @@ def bf16_rounded(make: Callable[[], tirx.PrimExpr]) -> tirx.PrimExpr:
     a gradient failed to build on the CPU), and the value cannot be bound itself where it reads
     a 16-bit float (:func:`.vector_math.fast_exp` says why)."""
     x = make()
-    made = [x]
+    first, anew = [x], binds_variables(x)
 
-    def read() -> tirx.PrimExpr:   # x, or a new making of it where it binds variables
-        return made.pop() if made else make() if binds_variables(x) else x
+    def read() -> tirx.PrimExpr:   # x, then x again, or a new making of it where it binds
+        return first.pop() if first else make() if anew else x
 
     def bits() -> tirx.PrimExpr:
         return tirx.reinterpret("uint32", read())

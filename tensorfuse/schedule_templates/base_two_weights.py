@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from ..algebra import inline_elementwise
-from ..algebra.exprs import factors, nodes, rewritten_program, substitute
+from ..algebra.exprs import factors, rewritten_program, substitute
 from ..dsl.expr import Binary, Const, Expr, Ref, Unary, Where, binary, unary, where
 from ..dsl.program import Compute, Program
 from .stages import fresh_names
@@ -43,12 +43,10 @@ def base_two_weights(program: Program) -> tuple[Program, str] | None:
     fresh = fresh_names(program, "max_scaled")
 
     def read(n: Expr):
-        if isinstance(n, Unary) and n.op == "exp2":
-            factor: dict = {}
-            hit = _base_two_of(n, maxima, factor)
-            if hit is not None and factor[hit] == found[hit]:
-                m_new, s_new = scaled[hit]
-                return unary("exp", binary("sub", s_new, Ref(m_new, 0, n.loc), n.loc), n.loc)
+        hit = _base_two_of(n, maxima)
+        if hit is not None and hit[1] == found[hit[0]]:
+            m_new, s_new = scaled[hit[0]]
+            return unary("exp", binary("sub", s_new, Ref(m_new, 0, n.loc), n.loc), n.loc)
         if isinstance(n, Ref):
             name = n.compute.name
             if name in scaled:   # any other read: m = m' / (c·ln2)
@@ -74,17 +72,7 @@ def base_two_weights(program: Program) -> tuple[Program, str] | None:
                                c.dtypes, c.monoid, c.over, c.loc, c.is_output)
     note = "base-two weights as natural exponentials (" + ", ".join(
         f"exp2 under {n} read as exp of its scores × ln 2" for n in found) + ")"
-    return rewritten_program(program, list(program.params), _read_only(made, program)), note
-
-
-def _read_only(made: dict, program: Program) -> dict:
-    """``made`` without the elementwise values nothing reads any more (the scores as written,
-    where only the rewritten weights read them)."""
-    read = {c.name for c in program.outputs}
-    for c in reversed(list(made.values())):
-        if c.name in read or c.is_reduction:
-            read |= {n.compute.name for b in c.bodies for n in nodes(b) if isinstance(n, Ref)}
-    return {name: c for name, c in made.items() if name in read or c.is_reduction}
+    return rewritten_program(program, list(program.params), made), note
 
 
 def _weighted_maxima(program: Program) -> dict:
@@ -101,21 +89,20 @@ def _weighted_maxima(program: Program) -> dict:
         if len(terms) < 2:
             continue
         for t in terms:
-            factor: dict = {}
-            hit = _base_two_of(t, maxima, factor)
-            if hit is None or found.get(hit, factor[hit]) != factor[hit]:
+            hit = _base_two_of(t, maxima)
+            if hit is None or found.get(hit[0], hit[1]) != hit[1]:
                 continue
-            m = maxima[hit]
+            m = maxima[hit[0]]
             if {a.uid for a in c.over} == {a.uid for a in m.over} and \
                     {a.uid for a in c.axes} > {a.uid for a in m.axes}:
-                found[hit] = factor[hit]
+                found[hit[0]] = hit[1]
     return found
 
 
-def _base_two_of(e: Expr, maxima: dict, factor_of: dict) -> str | None:
-    """The name of the maximum ``m`` of ``maxima`` that ``e`` is the base-two weight
-    ``exp2((s − m)·c)`` of (``s`` what ``m`` maximises, ``c`` a positive constant or none;
-    ``factor_of[name]`` set to ``c``), else None."""
+def _base_two_of(e: Expr, maxima: dict) -> tuple[str, float] | None:
+    """``(m, c)`` where ``e`` is the base-two weight ``exp2((s − m)·c)`` of the maximum named
+    ``m`` in ``maxima`` (``s`` what it maximises, ``c`` a positive constant, 1 where none is
+    written), else None."""
     if not (isinstance(e, Unary) and e.op == "exp2"):
         return None
     arg, c = e.a, 1.0
@@ -133,8 +120,7 @@ def _base_two_of(e: Expr, maxima: dict, factor_of: dict) -> str | None:
     m = maxima.get(arg.b.compute.name)
     if m is None or inline_elementwise(arg.a).key() != inline_elementwise(m.bodies[0]).key():
         return None
-    factor_of[m.name] = c
-    return m.name
+    return m.name, c
 
 
 def _scaled(e: Expr, k: float) -> Expr:

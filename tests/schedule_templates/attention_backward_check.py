@@ -170,6 +170,18 @@ def sink_errors(found: dict) -> None:
             found[f"{name}/empty_row_lse"] = float((lse[1, :, 3] - sinks).abs().max())
 
 
+def _gradient_kernel(kernel, wrt, dims: dict, found: dict, name: str):
+    """``tf.grad(kernel, wrt)`` compiled for a GPU, what runs it at ``dims`` recorded as
+    ``found[name/origin]``, its forward with the log-sum-exp compiled for the CPU (the
+    interpreter runs no Hopper kernel): the backward template's kernels run interpreted."""
+    made = tf.compile(tf.grad(kernel, wrt), "cuda")
+    found[f"{name}/origin"] = made.schedule_origin(**dims)
+    _, fusion = choose(kernel.program, get_target("cuda"))
+    made._saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names), None),
+                              target="llvm")
+    return made
+
+
 def gradient_kernel_errors(found: dict) -> None:
     """``tf.grad`` of attention compiled for a GPU (grouped heads, causal, with and without
     sinks; then with respect to q alone): its gradients through the backward template, its
@@ -177,12 +189,8 @@ def gradient_kernel_errors(found: dict) -> None:
     for name, sinks, wrt in (("grad", None, None), ("grad_sinks", "f32", None),
                              ("grad_q", None, "q")):
         kernel = attention_kernel("f32", True, False, False, sinks)
-        made = tf.compile(tf.grad(kernel, wrt), "cuda")
-        dims = dict(B=2, H=H, HKV=HKV, M=M_RAGGED, N=N_RAGGED, D=D)
-        found[f"{name}/origin"] = made.schedule_origin(**dims)
-        _, fusion = choose(kernel.program, get_target("cuda"))
-        made._saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names),
-                                                 None), target="llvm")
+        made = _gradient_kernel(kernel, wrt, dict(B=2, H=H, HKV=HKV, M=M_RAGGED, N=N_RAGGED,
+                                                  D=D), found, name)
         q, dout = torch.randn(2, H, M_RAGGED, D), torch.randn(2, H, M_RAGGED, D)
         k, v = torch.randn(2, HKV, N_RAGGED, D), torch.randn(2, HKV, N_RAGGED, D)
         tensors = {"q": q, "k": k, "v": v, **({"sinks": torch.randn(H) * 4} if sinks else {})}
@@ -258,13 +266,9 @@ def frozen_errors(found: dict) -> None:
              "frozen_temperature": (sequence_temperature, {"tau": tau}, {},
                                     lambda s: s / tau.double()[:, None, None, None])}
     for name, (kernel, others, scalars, score_of) in cases.items():
-        made = tf.compile(tf.grad(kernel, ["q", "k", "v"]), "cuda")
         dims = dict(B=2, H=H, M=M_RAGGED, N=N_RAGGED, D=D, **({"R": R} if "table" in others
                                                               else {}))
-        found[f"{name}/origin"] = made.schedule_origin(**dims)
-        _, fusion = choose(kernel.program, get_target("cuda"))
-        made._saving = tf.compile(ProgramKernel(with_logsumexp(kernel.program, fusion.names),
-                                                None), target="llvm")
+        made = _gradient_kernel(kernel, ["q", "k", "v"], dims, found, name)
         q, dout = torch.randn(2, H, M_RAGGED, D), torch.randn(2, H, M_RAGGED, D)
         k, v = torch.randn(2, H, N_RAGGED, D), torch.randn(2, H, N_RAGGED, D)
         got = made(q=q, k=k, v=v, **others, **scalars, d_out=dout)

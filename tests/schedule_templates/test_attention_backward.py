@@ -3,7 +3,6 @@ kernels run in Triton's interpreter against the backward program, their code for
 autograd choosing it on a GPU."""
 import os
 import secrets
-
 import warnings
 
 import pytest
@@ -18,7 +17,7 @@ from tensorfuse.schedule_templates.attention_backward import (BackwardKnobs,
 from tensorfuse.schedule_templates.auto import choose
 from tensorfuse.targets import get_target
 from tensorfuse.targets.triton.attention_backward import AttentionBackwardKernels
-from tests.helpers import run_interpreted
+from tests.helpers import fresh_seed, relative_error, run_interpreted
 
 DIMS = dict(B=2, H=16, M=1024, N=1024, D=128)
 
@@ -495,7 +494,6 @@ def test_autograd_of_attention_with_a_bias_table_matches_float64_on_the_gpu(lear
     table's gradient too."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from tests.helpers import fresh_seed, relative_error
     from tests.schedule_templates.user_written_forms_check import relative_bias_attention
 
     seed = fresh_seed()

@@ -25,7 +25,10 @@ SHIFTS = {"plain": lambda m: m,
           "below": lambda m: T.where(-T.inf < m, m, 0.0),
           "equal": lambda m: T.where(m == -T.inf, 0.0, m),
           "finite": lambda m: T.where(T.abs(m) < T.inf, m, 0.0),
-          "unequal": lambda m: T.where(m != -T.inf, m, -1.0)}
+          "unequal": lambda m: T.where(m != -T.inf, m, -1.0),
+          # no guard: another shift than the maximum where it is negative
+          "positive_part": lambda m: T.where(m > 0.0, m, 0.0)}
+GUARDS = sorted(set(SHIFTS) - {"plain", "positive_part"})
 
 
 def _guarded(form: str, shift: str = "plain"):
@@ -34,8 +37,7 @@ def _guarded(form: str, shift: str = "plain"):
         b, h, i, j, d, e = T.axes("b h i j d e")
         s = T.where(mask[b, 0, i, j], scores(q, k, b, h, h, i, j, d, scale), -T.inf)
         m = T.max(s, over=j)
-        p = T.exp(s - (SHIFTS[shift](m) if shift in SHIFTS else
-                       T.where(m > 0.0, m, 0.0)))   # not a guard: another shift where m < 0
+        p = T.exp(s - SHIFTS[shift](m))
         l = T.sum(p, over=j)  # noqa: E741
         o = T.sum(p * v[b, h, j, e], over=j)
         if form == "ne":
@@ -52,7 +54,7 @@ def test_the_guarded_ratio_is_recognised_in_each_spelling(form):
     assert plan.chain.empty_rows and plan.mask is not None
 
 
-@pytest.mark.parametrize("shift", sorted(set(SHIFTS) - {"plain"}))
+@pytest.mark.parametrize("shift", GUARDS)
 def test_the_maximum_guarded_for_empty_rows_is_recognised_in_each_spelling(shift):
     """``exp(s − where(m > −∞, m, 0))`` is ``exp(s − m)`` on every row with a key; a row
     without one has no weight either way."""
@@ -65,7 +67,7 @@ def test_the_maximum_guarded_for_empty_rows_is_recognised_in_each_spelling(shift
 
 def test_a_shift_other_than_the_guarded_maximum_is_refused():
     with pytest.raises(ScheduleError, match="must be exp"):
-        plan_hopper_attention(_guarded("ne", "positive part").program, CHAIN, "j")
+        plan_hopper_attention(_guarded("ne", "positive_part").program, CHAIN, "j")
 
 
 def test_an_empty_row_given_another_value_than_0_is_refused():

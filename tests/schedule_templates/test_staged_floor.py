@@ -152,7 +152,10 @@ def test_a_staged_fast_call_hands_the_callers_out_to_the_stage_that_writes_it():
     out = torch.empty(want.shape, dtype=torch.bfloat16)
     assert fast((), {**args, "out": out}) is out
     assert given[-1] == (last, out) and all(o is None for _, o in given[:-1]), given
-    assert fast((), dict(args)) is not out   # without out=: the stage's own result
+    given.clear()
+    fast((), dict(args))   # without out=: every stage makes its own results
+    assert [k for k, _ in given] == list(range(len(made.stages))) and \
+        all(o is None for _, o in given), given
     declined = StagedFastCall(made, [stage_call(k, declines=k == last)
                                      for k in range(len(made.stages))])
     assert declined((), {**args, "out": out}) is None
@@ -168,10 +171,8 @@ def test_an_output_over_the_swept_axis_and_a_feature_is_refused_by_the_row_tiles
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NoTemplateWarning)
         made = tf.compile(tf.grad(attention_pool), "cuda:sm_90a")
-        origin = made.schedule_origin(B=4, T=300, D=64)
+        origin = made.schedule_origin(B=4, T=300, D=64)   # builds the sources: the KeyError
     assert origin.startswith("staged"), origin
-    stages = [s.describe() for s in made.stages]
-    assert not any("d_x from" in s and "m," in s for s in stages), stages
 
 
 def test_stage_templates_match_float64_in_the_interpreter():
