@@ -68,6 +68,13 @@ def _compile(kernel, target, template, untemplated: str | None = None,
         from .schedule_templates.auto import (choose, computed_in_float64,
                                               contraction_templates, native_templates)
 
+        if spec.is_gpu:   # arguments a Triton template would overwrite: named otherwise
+            from .schedule_templates.renamed_params import renamed_kernel
+
+            renamed = renamed_kernel(kernel, spec, lambda part: _compile(part, spec, "auto",
+                                                                         dynamic=dynamic))
+            if renamed is not None:
+                return renamed
         one_row = _unit_rows(kernel, spec, dynamic) if spec.is_gpu else None
         if one_row is not None:   # values over no axis: the templates plan rows
             return one_row

@@ -36,7 +36,7 @@ from .binding import CallBinder, bind_call, split_scalars
 from .dsl.expr import Axis, Load
 from .dsl.program import Program, TensorParam
 from .interop import ALIGNMENT, is_torch, torch_dtype
-from .schedule_templates.lifted_kernel import LiftedFastCall, LiftedKernel
+from .schedule_templates.lifted_kernel import LiftedFastCall, LiftedKernel, binding_device
 from .torch_graph import IN_OPERATOR
 
 
@@ -121,7 +121,7 @@ class MemoryOrderKernel(LiftedKernel):
 
     def __init__(self, program: Program, orders: Orders, inner, target):
         super().__init__(program, {}, inner, target, ())
-        self._calls = CallBinder(program, _binding_device(target, report=False))
+        self._calls = CallBinder(program, binding_device(target, report=False))
         self.orders, self.out_orders = dict(orders.orders), dict(orders.outputs)
         self.lift = orders.describe(program)
         self.description = f"{self.lift}; {inner.description}"
@@ -299,7 +299,7 @@ class MemoryOrderRoutes:
         at = (key, orders) if key else None
         if at in self._by_key:
             return self._by_key[at]
-        device = _binding_device(self.kernel.target)
+        device = binding_device(self.kernel.target)
         dims = bind_call(self.program, args, {n: v for n, v in kwargs.items() if n != "out"},
                          device).dims
         made = self._kernels[orders] if self.taken(orders, dims) else None
@@ -319,16 +319,3 @@ class MemoryOrderRoutes:
 
     def cache_info(self) -> list:
         return [b for k in self._kernels.values() for b in k.cache_info()]
-
-
-def _binding_device(target, report: bool = True) -> str:
-    """The device a call's tensors are on for a kernel of ``target``: the CPU under Triton's
-    interpreter; a GPU target's missing GPU reported first where ``report`` (as every kernel's
-    call does), not as tensors on another device."""
-    from .targets.triton.launch import interpreting
-
-    if interpreting():
-        return "cpu"
-    if report and target.is_gpu:
-        target.device()
-    return "cuda" if target.is_gpu else "cpu"

@@ -71,6 +71,8 @@ class StagedKernel(GraphCallable):
         return f"<StagedKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     def invoke(self, key, args: tuple, kwargs: dict):
+        if key is False:   # called as a kernel's inner one (a memory-order route's): its fast
+            key = signature_key(args, kwargs)   # call is kept under the call's own signature
         if self._calls is None:
             self._calls = CallBinder(self.program, call_device(self.target))
         bound = self._calls(args, kwargs, key)

@@ -42,8 +42,8 @@ EXPECTED = {"log-softmax over channels, channels last":
             "attention, keys transposed":
             (0, "kt as [B, H, S, D]", "kt as [B, H, S, D]", (0, 1, 2, 3)),
             "gated, both transposed (elementwise)":
-            (0, "x as [N, M]; g as [N, M]", "x as [N, M]; g as [N, M]; out written as [N, M]",
-             (1, 0)),
+            (0, "x as [N, M]; gate as [N, M]",
+             "x as [N, M]; gate as [N, M]; out written as [N, M]", (1, 0)),
             "cumulative sum down a transposed view (scan)": (0, "x as [B, T]", "x as [B, T]",
                                                              (0, 1))}
 

@@ -26,6 +26,19 @@ def with_unit_axis(tensor, inserts: dict, name: str):
     return tensor if at is None else tensor.unsqueeze(at)
 
 
+def binding_device(target, report: bool = True) -> str:
+    """The device a call's tensors are on for a kernel of ``target``: the CPU under Triton's
+    interpreter; a GPU target's missing GPU reported first where ``report`` (as every kernel's
+    call does), not as tensors on another device."""
+    from ..targets.triton.launch import interpreting
+
+    if interpreting():
+        return "cpu"
+    if report and target.is_gpu:
+        target.device()
+    return "cuda" if target.is_gpu else "cpu"
+
+
 class LiftedKernel(GraphCallable):
     """``inner``, a kernel of the lifted program, as a kernel of ``program`` (as written):
     ``inserts`` says where each tensor's unit axis goes, ``units`` the sizes the lift added.
@@ -100,7 +113,7 @@ class LiftedKernel(GraphCallable):
         if done is not None:
             return done
         if self._calls is None:
-            self._calls = CallBinder(self.program, "cuda" if self.target.is_gpu else "cpu")
+            self._calls = CallBinder(self.program, binding_device(self.target, report=False))
         bound = self._calls(args, kwargs, False)
         given = list(bound.outs) if bound.outs is not None else [None] * len(self.outputs)
         device = bound.torch_device or torch.device("cpu")
@@ -202,13 +215,16 @@ class LiftedFastCall(SignatureCall):
 
     def __init__(self, params: list, outputs: list, device, likes: list, guards: list,
                  shapes: dict, out_shapes: list, inner_fast, copied: dict | None = None,
-                 views: dict | None = None):
+                 views: dict | None = None, renamed: dict | None = None):
         # ``views``: name -> the strides a tensor passed as a view must have (checked per call)
         super().__init__(params, outputs, device, likes, guards, views=views)
         self.shapes, self.out_shapes, self.inner_fast = shapes, out_shapes, inner_fast
         # name -> what makes the inner kernel's tensor of the caller's where a view of its
         # shape does not (a copy; a permutation: :mod:`tensorfuse.memory_order`)
         self.copied = dict(copied or {})
+        # name -> the inner kernel's name of that argument, where it has another
+        # (:mod:`.renamed_params`)
+        self.renamed = dict(renamed or {})
 
     def out_views(self, outs: list) -> list:
         """The outputs as the inner kernel's fast call takes them."""
@@ -223,6 +239,8 @@ class LiftedFastCall(SignatureCall):
                  for n, v in zip(self.names, values)}
         for name, copy in self.copied.items():
             inner[name] = copy(inner[name])
+        for name, other in self.renamed.items():
+            inner[other] = inner.pop(name)
         views = self.out_views(outs)
         inner["out"] = views[0] if self.single else tuple(views)
         if self.inner_fast((), inner) is None:   # a stale inner fast call: this one is too

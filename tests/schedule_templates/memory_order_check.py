@@ -82,7 +82,7 @@ def cumulative_sum_down(x: T.Tensor["T", "B", "f32"]):
 def _gated(gen):
     base = torch.randn(2, 72, 33, generator=gen) * 8     # each slab 16-byte aligned
     x, g = base[0].t(), base[1].t()                      # [33, 72] views of [72, 33]
-    return {"x": x, "g": g}, x.double() * torch.sigmoid(g.double())
+    return {"x": x, "gate": g}, x.double() * torch.sigmoid(g.double())
 
 
 def _cumulative_sum(gen):

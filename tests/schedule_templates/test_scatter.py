@@ -111,7 +111,7 @@ def test_a_token_count_seen_twice_becomes_an_argument_of_one_build():
     builds = made.cache_info()
     assert [b.exact for b in builds] == [True, False]
     assert [s["M"] for s in builds[1].sizes] == [200, 150]
-    assert "ok = lin < (size_M * 24)" in made.source(V=50, M=150, D=24)
+    assert "_a_ok = _a_lin < (size_M * 24)" in made.source(V=50, M=150, D=24)
 
 
 def test_offsets_past_two_to_the_31_are_64_bit():
@@ -120,8 +120,8 @@ def test_offsets_past_two_to_the_31_are_64_bit():
     slots, whose offsets stay below: only the outputs' walk is 64-bit."""
     made = tf.compile(tf.grad(embedding), target="cuda:sm_90a")
     wide = made.source(V=1 << 20, M=1 << 20, D=4096)
-    assert "idx = (tl.load(tokens + (ax_i), mask=ok, other=0)).to(tl.int64)" in wide
-    assert "lin = tl.program_id(0).to(tl.int64) * BLOCK_M" in wide
+    assert "_a_idx = (tl.load(tokens + (ax_i), mask=_a_ok, other=0)).to(tl.int64)" in wide
+    assert "_a_lin = tl.program_id(0).to(tl.int64) * BLOCK_M" in wide
     assert "int64" not in made.source(V=32000, M=30000, D=4096)
     kernels = made.source(V=1 << 20, M=8192, D=4096).split("@triton.jit")
     assert ["int64" in k for k in kernels[-3:]] == [False, False, True]
@@ -182,7 +182,7 @@ def test_a_vocabulary_far_larger_than_the_tokens_sums_into_slots():
         "slots for the 8192 positions tokens[i] takes, of table_0's 128256 elements")
     source = made.source(**llama)
     assert "def embedding_backward_scatter_claims(" in source
-    assert "tl.atomic_add(acc + (slot * 4096 + ax_d)" in source
+    assert "tl.atomic_add(acc + (_a_slot * 4096 + ax_d)" in source
     assert "claims" not in made.source(V=16000, M=8192, D=4096)
 
 

@@ -1,6 +1,8 @@
 """Integer ``//`` and ``%`` in the CUDA C++ the templates write from the DSL floor as the DSL does
-(C++ truncates towards zero): the emitted expressions are compiled as host C++ here and evaluated
-over negative and positive operands, against Python's own floor division and modulo."""
+(C++ truncates towards zero), and an integer ``minimum``/``maximum`` (a distance clamped to a
+table's last bucket) stays an integer (``fminf`` made it a float, and nvcc then refused the
+clamp of the table's index around it, ``max(float, int)``): the emitted expressions are compiled
+as host C++ here and evaluated over negative and positive operands, against Python's own."""
 from __future__ import annotations
 
 import pytest
@@ -27,6 +29,9 @@ def _expressions():
         ("index // w", i // w, lambda i, j, w: i // w),
         ("index % w", i % w, lambda i, j, w: i % w),
         ("negated // 5", (-i) // 5, lambda i, j, w: (-i) // 5),
+        ("distance clamped", T.minimum(i - j, w + 2), lambda i, j, w: min(i - j, w + 2)),
+        ("distance from 0", T.maximum(T.minimum(i - j, 7), 0) % 5,
+         lambda i, j, w: max(min(i - j, 7), 0) % 5),
     ]
 
 
@@ -40,7 +45,8 @@ def test_integer_division_floors_as_the_dsl_does(tmp_path):
         f'(int)({to_cuda(e, {}, name, axes={"i": "i", "j": "j"})})); '
         f'}}\n  printf("\\n");' for name, e, _ in cases)
     table = ", ".join(f"{{{i}, {j}, {w}}}" for i, j, w in points)
-    lines = run_host_program(f"#include <cstdio>\nstatic const int P[][3] = {{{table}}};\n"
+    lines = run_host_program(f"#include <cstdio>\n#include <algorithm>\nusing std::max;\n"
+                             f"using std::min;\nstatic const int P[][3] = {{{table}}};\n"
                              f"int main() {{\n{body}\n  return 0;\n}}\n", tmp_path)
     for (name, _, python), line in zip(cases, lines):
         got = [int(x) for x in line.split()]

@@ -24,10 +24,10 @@ from tests.schedule_templates.staged_floor import interpreted
 
 
 @tf.kernel
-def gated(x: T.Tensor["M", "N", "f32"], g: T.Tensor["M", "N", "f32"]):
+def gated(x: T.Tensor["M", "N", "f32"], gate: T.Tensor["M", "N", "f32"]):
     """No reduction: the elementwise template."""
     i, j = T.axes("i j")
-    return x[i, j] * T.sigmoid(g[i, j])
+    return x[i, j] * T.sigmoid(gate[i, j])
 
 
 class _Copies(TorchDispatchMode):

@@ -121,6 +121,9 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
         return refs[e.compute.name]
     if isinstance(e, Unary) and e.op in _UNARY:
         return _UNARY[e.op].format(sub(e.a))
+    if isinstance(e, Binary) and e.op in ("max", "min") and not dt.is_float(e.a.dtype) and \
+            not dt.is_float(e.b.dtype):   # an index clamped: CUDA's int max/min, not fmaxf's
+        return f"{e.op}({sub(e.a)}, {sub(e.b)})"   # float (nvcc refuses max(float, int) next)
     if isinstance(e, Binary) and e.op in _BINARY:
         return _BINARY[e.op].format(sub(e.a), sub(e.b))
     if isinstance(e, Compare):

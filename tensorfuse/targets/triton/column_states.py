@@ -61,34 +61,39 @@ FOLD = {"sum": "tl.sum({}, 1)", "max": "tl.max({}, 1)", "min": "tl.min({}, 1)"}
 
 
 NEG_INF, POS_INF = "float('-inf')", "float('inf')"
+# the GEMM tiles' own variables are named from here (``_g_top``): never a tensor's name
+L = "_g_"
 
 
 def lane_update(l_: str, m: str, value: str, ok: str | None) -> list[str]:
     """Lines adding the block's ``value`` tile (``[BLOCK_M, BLOCK_N]``; columns where ``ok`` is
     false left out) into the lanes' sums ``l_`` relative to their maxima ``m`` — before ``m``
     takes the block's values."""
-    kept = f"tl.where({ok}, u, {NEG_INF})" if ok else "u"
-    return [f"u = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))",
-            f"u = {kept}",
-            f"gap = tl.where(u == {m}, 0.0, u - {m})",   # equal infinities: e = 1
-            "e = tl.exp(-tl.abs(gap))",
-            f"{l_} = tl.where(u == {NEG_INF}, {l_}, tl.where(gap > 0, {l_} * e + 1.0, "
-            f"{l_} + e))"]
+    u, gap, e = f"{L}u", f"{L}gap", f"{L}e"
+    kept = f"tl.where({ok}, {u}, {NEG_INF})" if ok else u
+    return [f"{u} = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))",
+            f"{u} = {kept}",
+            f"{gap} = tl.where({u} == {m}, 0.0, {u} - {m})",   # equal infinities: e = 1
+            f"{e} = tl.exp(-tl.abs({gap}))",
+            f"{l_} = tl.where({u} == {NEG_INF}, {l_}, tl.where({gap} > 0, {l_} * {e} + 1.0, "
+            f"{l_} + {e}))"]
 
 
 def lanes_folded(l_: str, m: str) -> list[str]:
     """Lines folding the lanes' sums ``l_`` (relative to the lanes' maxima ``m``, not yet
     folded) into each row's sum relative to the row's maximum."""
-    return [f"top = tl.max({m}, 1)",
-            f"scale = tl.where({m} == {NEG_INF}, 0.0, tl.exp({m} - top[:, None]))",
-            f"{l_} = tl.where(top == {POS_INF}, {POS_INF}, tl.sum({l_} * scale, 1))"]
+    top, scale = f"{L}top", f"{L}scale"
+    return [f"{top} = tl.max({m}, 1)",
+            f"{scale} = tl.where({m} == {NEG_INF}, 0.0, tl.exp({m} - {top}[:, None]))",
+            f"{l_} = tl.where({top} == {POS_INF}, {POS_INF}, tl.sum({l_} * {scale}, 1))"]
 
 
 def part_combined(l_: str, top: str, m_part: str, l_part: str) -> list[str]:
     """Lines combining a part's row maximum ``m_part`` and sum ``l_part`` (relative to it) into
     the running ``top`` and ``l_`` (relative to ``top``), in the columns' order."""
-    return [f"new = tl.maximum({top}, {m_part})",
-            f"{l_} = tl.where(new == {POS_INF}, {POS_INF}, "
-            f"tl.where({top} == {NEG_INF}, 0.0, {l_} * tl.exp({top} - new)) + "
-            f"tl.where({m_part} == {NEG_INF}, 0.0, {l_part} * tl.exp({m_part} - new)))",
-            f"{top} = new"]
+    new = f"{L}new"
+    return [f"{new} = tl.maximum({top}, {m_part})",
+            f"{l_} = tl.where({new} == {POS_INF}, {POS_INF}, "
+            f"tl.where({top} == {NEG_INF}, 0.0, {l_} * tl.exp({top} - {new})) + "
+            f"tl.where({m_part} == {NEG_INF}, 0.0, {l_part} * tl.exp({m_part} - {new})))",
+            f"{top} = {new}"]

@@ -88,10 +88,10 @@ def finish_body(plan, knobs, outs: dict, interpreter: bool) -> list[str]:
         w.sweep("p0", "0", str(total), str(FINISH_PARTS))
         with w.block():
             w(f"ok_p = (p0 + offs_p[:, None]) < {total}")
-            w(f"v = tl.load(colpart_{cs.name} + (p0 + offs_p[:, None]) * {cols} + "
+            w(f"_cs_v = tl.load(colpart_{cs.name} + (p0 + offs_p[:, None]) * {cols} + "
               f"offs_c[None, :], mask=ok_p & ok_c[None, :], other={ident})")
             w(f"sum_{cs.name} = " + _combined(cs, f"sum_{cs.name}",
-                                              reduced(cs.monoid, "v", 0), plan.sizes))
+                                              reduced(cs.monoid, "_cs_v", 0), plan.sizes))
         refs[cs.name] = f"sum_{cs.name}"
     tile = TileContext(axes={plan.col.uid: "offs_c"}, valid={plan.col.uid: "ok_c"}, refs=refs,
                        sizes=plan.sizes)

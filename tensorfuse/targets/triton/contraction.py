@@ -27,7 +27,7 @@ from .expr import TL_DTYPES, TileContext, fresh_memo, dot_precision, to_triton
 from .elementwise import split_interleaved
 from .gemm_groups import GROUP, PART, close_group_loop, open_group_loop
 from .tile_text import assemble_source, dot_operand, needs_wide_offsets, store_offsets
-from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, NO_INDEX,
+from .column_states import (BETTER, COMBINE, EXTREMUM, FOLD, IDENTITY, L, NO_INDEX,
                             column_refs, column_states, lane_update, lanes_folded,
                             normalisers_of, part_combined, slots, states)
 from .source_writer import SourceWriter
@@ -442,14 +442,14 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
                                         cols_ok if ragged_n else None):
                     w(line)
             if r.states == 2:   # the pair's combine: better, or as good at an earlier column
-                w(f"value = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
-                w("column = tl.broadcast_to((n0 + tl.arange(0, BLOCK_N))[None, :], "
+                w(f"{L}value = tl.broadcast_to({value}, (BLOCK_M, BLOCK_N))")
+                w(f"{L}column = tl.broadcast_to((n0 + tl.arange(0, BLOCK_N))[None, :], "
                   "(BLOCK_M, BLOCK_N))")
-                take = (f"({BETTER[r.monoid].format('value', f'row_{k}')}) | ((value == row_{k})"
-                        f" & (column < at_{k}))")
-                w(f"take = {f'{cols_ok} & ({take})' if ragged_n else take}")
-                w(f"row_{k} = tl.where(take, value, row_{k})")
-                w(f"at_{k} = tl.where(take, column, at_{k})")
+                take = (f"({BETTER[r.monoid].format(L + 'value', f'row_{k}')}) | "
+                        f"(({L}value == row_{k}) & ({L}column < at_{k}))")
+                w(f"{L}take = {f'{cols_ok} & ({take})' if ragged_n else take}")
+                w(f"row_{k} = tl.where({L}take, {L}value, row_{k})")
+                w(f"at_{k} = tl.where({L}take, {L}column, at_{k})")
                 continue
             if ragged_n:
                 value = f"tl.where({cols_ok}, {value}, {IDENTITY[r.monoid]})"
@@ -462,9 +462,9 @@ def _row_block_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]:
     slot = slots(plan)
     for k, r in enumerate(plan.over_columns):
         if r.states == 2:   # the extremum, then the first column holding it
-            w(f"best = {FOLD[EXTREMUM[r.monoid]].format(f'row_{k}')}")
-            w(f"at_{k} = tl.min(tl.where(row_{k} == best[:, None], at_{k}, {NO_INDEX}), 1)")
-            w(f"row_{k} = best")
+            w(f"{L}best = {FOLD[EXTREMUM[r.monoid]].format(f'row_{k}')}")
+            w(f"at_{k} = tl.min(tl.where(row_{k} == {L}best[:, None], at_{k}, {NO_INDEX}), 1)")
+            w(f"row_{k} = {L}best")
         elif not r.of:   # (a normaliser is folded above)
             w(f"row_{k} = {FOLD[r.monoid].format(f'row_{k}')}")
         if knobs.splits > 1:
@@ -492,27 +492,27 @@ def _row_combine_lines(plan, knobs, sizes: dict, interpreter: bool) -> list[str]
         if r.states == 2:
             w(f"at_{k} = tl.full([BLOCK_M], {NO_INDEX}, tl.int32)")
         if r.of:
-            w("top = tl.full([BLOCK_M], float('-inf'), tl.float32)")
+            w(f"{L}top = tl.full([BLOCK_M], float('-inf'), tl.float32)")
         w.sweep("part", "0", str(knobs.splits), "1")
         with w.block():
             loads = [f"tl.load({PARTIALS} + "
                      f"{_slot(column_states(plan), slot[r.name] + c, knobs, 'part', 'row_blocks')}"
                      " * BLOCK_M + tl.arange(0, BLOCK_M))" for c in range(r.states)]
-            w(f"state = {loads[0]}")
+            w(f"{L}state = {loads[0]}")
             if r.of:   # its maximum's part, which this part's sum is relative to
-                w(f"m_part = tl.load({PARTIALS} + "
+                w(f"{L}m_part = tl.load({PARTIALS} + "
                   f"{_slot(column_states(plan), slot[r.of], knobs, 'part', 'row_blocks')} * "
                   "BLOCK_M + tl.arange(0, BLOCK_M))")
-                for line in part_combined(f"row_{k}", "top", "m_part", "state"):
+                for line in part_combined(f"row_{k}", f"{L}top", f"{L}m_part", f"{L}state"):
                     w(line)
             elif r.states == 2:   # parts in the columns' order: a later one wins only if better
-                w(f"column = {loads[1]}.to(tl.int32, bitcast=True)")
-                w(f"take = ({BETTER[r.monoid].format('state', f'row_{k}')}) | "
-                  f"((state == row_{k}) & (column < at_{k}))")
-                w(f"row_{k} = tl.where(take, state, row_{k})")
-                w(f"at_{k} = tl.where(take, column, at_{k})")
+                w(f"{L}column = {loads[1]}.to(tl.int32, bitcast=True)")
+                w(f"{L}take = ({BETTER[r.monoid].format(L + 'state', f'row_{k}')}) | "
+                  f"(({L}state == row_{k}) & ({L}column < at_{k}))")
+                w(f"row_{k} = tl.where({L}take, {L}state, row_{k})")
+                w(f"at_{k} = tl.where({L}take, {L}column, at_{k})")
             else:
-                w(f"row_{k} = {COMBINE[r.monoid].format(f'row_{k}', 'state')}")
+                w(f"row_{k} = {COMBINE[r.monoid].format(f'row_{k}', L + 'state')}")
     _store_row_outputs(plan, knobs, w, batch, sizes, interpreter)
     return w.lines
 

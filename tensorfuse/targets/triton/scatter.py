@@ -18,6 +18,8 @@ from ...dsl.expr import Const
 from .expr import TL_DTYPES, TileContext, to_triton
 from .tile_text import assemble_source, store_offsets
 
+# the kernels' own variables are named from here (``_a_ok``): never a tensor's name
+L = "_a_"
 BLOCK = 1024   # elements a program takes (not measured: a memory-bound elementwise pass)
 # Counts into few bins (a histogram: a constant added at each term's bin, the bins one fixed
 # axis): each program counts a block of terms into bins of its own (``tl.histogram``) and adds
@@ -55,16 +57,16 @@ def _flat(w, axes, sizes: dict, count: int, total: int) -> TileContext:
     whose axes are those indices, every one valid where the flat index is below ``count``
     (64-bit where ``total``, the largest offset they reach, is 2³¹ or more)."""
     wide = total >= 2**31
-    w("lin = tl.program_id(0)" + (".to(tl.int64)" if wide else "") +
+    w(f"{L}lin = tl.program_id(0)" + (".to(tl.int64)" if wide else "") +
       " * BLOCK_M + tl.arange(0, BLOCK_M)")
-    w(f"ok = lin < {count}")
-    w("rest = lin")
+    w(f"{L}ok = {L}lin < {count}")
+    w(f"{L}rest = {L}lin")
     names = {}
     for a in reversed(axes):
         names[a.uid] = f"ax_{a.name}"
-        w(f"ax_{a.name} = rest % {extent(a, sizes)}")
-        w(f"rest = rest // {extent(a, sizes)}")
-    return TileContext(axes=names, valid={a.uid: "ok" for a in axes}, sizes=sizes)
+        w(f"ax_{a.name} = {L}rest % {extent(a, sizes)}")
+        w(f"{L}rest = {L}rest // {extent(a, sizes)}")
+    return TileContext(axes=names, valid={a.uid: f"{L}ok" for a in axes}, sizes=sizes)
 
 
 def bins(plan, sizes: dict) -> int | None:
@@ -113,8 +115,8 @@ def scratch_shapes(plan, sizes: dict) -> dict:
 def _index(w, plan, tile, sizes: dict, wide: bool) -> None:
     """Lines computing ``idx``, the term's element of the scattered axis, and ``keep``, whether
     it names one (out-of-range indices add nothing)."""
-    w(f"idx = ({to_triton(plan.index, tile)})" + (".to(tl.int64)" if wide else ""))
-    w(f"keep = ok & (idx >= 0) & (idx < {extent(plan.axis, sizes)})")
+    w(f"{L}idx = ({to_triton(plan.index, tile)})" + (".to(tl.int64)" if wide else ""))
+    w(f"{L}keep = {L}ok & ({L}idx >= 0) & ({L}idx < {extent(plan.axis, sizes)})")
 
 
 def _claims(plan, sizes: dict) -> list[str]:
@@ -127,7 +129,7 @@ def _claims(plan, sizes: dict) -> list[str]:
     count = slots(plan, sizes)
     tile = _flat(w, plan.positions, sizes, count, count)
     _index(w, plan, tile, sizes, False)
-    w("tl.atomic_min(owner + idx, lin.to(tl.int32), mask=keep, sem='relaxed')")
+    w(f"tl.atomic_min(owner + {L}idx, {L}lin.to(tl.int32), mask={L}keep, sem='relaxed')")
     return w.lines
 
 
@@ -142,16 +144,16 @@ def _slot_offsets(plan, tile, sizes: dict, slot: str) -> str:
 def _terms(w, plan, tile, sizes: dict, compact: bool, name: str, args: list[str]) -> list:
     """The kernels adding every term into its element with an atomic add of its own (after a
     kernel claiming the slots where the plan compacts), ``w`` holding the terms' indices."""
-    w(f"value = {to_triton(plan.value, tile)}")   # atomic_add casts it to the accumulator's
+    w(f"{L}value = {to_triton(plan.value, tile)}")   # atomic_add casts it to the accumulator's
     if compact:
-        w("slot = tl.load(owner + idx, mask=keep, other=0)")
-        where = _slot_offsets(plan, tile, sizes, "slot")
+        w(f"{L}slot = tl.load(owner + {L}idx, mask={L}keep, other=0)")
+        where = _slot_offsets(plan, tile, sizes, f"{L}slot")
     else:
-        where = store_offsets(accumulator_axes(plan), tile.child(axes={plan.axis.uid: "idx"}),
-                              sizes)
+        where = store_offsets(accumulator_axes(plan),
+                              tile.child(axes={plan.axis.uid: f"{L}idx"}), sizes)
     # relaxed: the adds need no order among themselves, and the kernel's end orders them before
     # the outputs' kernel reads the sums
-    w(f"tl.atomic_add(acc + ({where}), value, mask=keep, sem='relaxed')")
+    w(f"tl.atomic_add(acc + ({where}), {L}value, mask={L}keep, sem='relaxed')")
     kernels = [(f"{name}_claims", args, _claims(plan, sizes))] if compact else []
     return kernels + [(f"{name}_terms", args, w.lines)]
 
@@ -170,14 +172,15 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     tile = _flat(w, term_axes(plan), sizes, terms, terms if compact else max(terms, elements))
     _index(w, plan, tile, sizes, not compact and elements >= 2**31)
     if plan.conditions:
-        w(f"keep = keep & {' & '.join(f'({to_triton(c, tile)})' for c in plan.conditions)}")
+        w(f"{L}keep = {L}keep & {' & '.join(f'({to_triton(c, tile)})' for c in plan.conditions)}")
     binned = bins(plan, sizes)
     if binned:   # the block's counts, scaled by the constant, one atomic add a bin
         bin_ids = f"tl.arange(0, {binned})"
-        w(f"binned = tl.histogram(tl.where(keep, idx, 0).to(tl.int32), {binned}, mask=keep)")
-        w(f"value = (binned * {to_triton(plan.value, tile)})"
+        w(f"{L}binned = tl.histogram(tl.where({L}keep, {L}idx, 0).to(tl.int32), {binned}, "
+          f"mask={L}keep)")
+        w(f"{L}value = ({L}binned * {to_triton(plan.value, tile)})"
           f".to({TL_DTYPES[plan.accumulator]})")
-        w(f"tl.atomic_add(acc + {bin_ids}, value, mask={bin_ids} < {extent(plan.axis, sizes)}, "
+        w(f"tl.atomic_add(acc + {bin_ids}, {L}value, mask={bin_ids} < {extent(plan.axis, sizes)}, "
           "sem='relaxed')")
         kernels = [(f"{name}_terms", args, w.lines)]
     else:
@@ -187,15 +190,15 @@ def scatter_source(plan, name: str, sizes: dict, args: list[str]) -> str:
     zero = "0" if dt.is_int(plan.accumulator) else "0.0"
     if compact:
         # an element no position named has no slot: its sum is zero
-        w(f"slot = tl.load(owner + {tile.axes[plan.axis.uid]}, mask=ok, other=0)")
-        w(f"total = tl.load(acc + ({_slot_offsets(plan, tile, sizes, 'slot')}), "
-          f"mask=ok & (slot < {slots(plan, sizes)}), other={zero})")
+        w(f"{L}slot = tl.load(owner + {tile.axes[plan.axis.uid]}, mask={L}ok, other=0)")
+        w(f"{L}total = tl.load(acc + ({_slot_offsets(plan, tile, sizes, L + 'slot')}), "
+          f"mask={L}ok & ({L}slot < {slots(plan, sizes)}), other={zero})")
     else:
-        w(f"total = tl.load(acc + lin, mask=ok, other={zero})")
-    tile = tile.child(refs={plan.total.name: "total"})
+        w(f"{L}total = tl.load(acc + {L}lin, mask={L}ok, other={zero})")
+    tile = tile.child(refs={plan.total.name: f"{L}total"})
     for c, expr in plan.outputs:
         w(f"tl.store(out_{c.name} + ({store_offsets(c.axes, tile, sizes)}), "
-          f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask=ok)")
+          f"({to_triton(expr, tile)}).to({TL_DTYPES[c.dtypes[0]]}), mask={L}ok)")
     kernels.append((f"{name}_outputs", args, w.lines))
     return assemble_source(kernels)
 

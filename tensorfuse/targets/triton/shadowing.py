@@ -4,14 +4,46 @@ The templates name a kernel's arguments after the program's tensors and scalars,
 own variables beside them (``seen``, ``offs_m``, ``lo``, ``st_m_0``, ``tl`` …). A tensor named
 like one of those was overwritten by it in the kernel: a load from a block offset, or a module
 where a pointer was expected — a Triton error far from the cause, or, in a kernel that only
-reassigns it after its last read, nothing seen at all. Every generated source is checked once,
-when it is first loaded, and such a name is refused with what to do about it.
+reassigns it after its last read, nothing seen at all. ``tf.compile`` gives a kernel's tensors
+and scalars named as a template might name its own (:func:`template_may_write`) other names in
+the generated kernel (``schedule_templates/renamed_params.py``); every generated source is still
+checked once, when it is first loaded, and a name that gets through is refused with what to do
+about it.
 """
 from __future__ import annotations
 
 import ast
+import re
 
 from ...errors import TargetError
+
+
+# the names the Triton templates give their own variables, arguments and functions: fixed words,
+# and names made from a compute's, an axis's or the kernel's (``st_m_0``, ``offs_m``,
+# ``softmax_fused``); every name a generated kernel of a template writes, and every buffer it
+# takes, is one of them (tests/targets/test_shadowed_names.py)
+_WORDS = frozenset({
+    "s", "t", "g", "lo", "hi", "base", "first", "rest", "seen", "pid", "bh", "blk", "arrived",
+    "tl", "triton", "libdevice", "math", "col_ok", "row_ok", "row_at", "start_n", "end_m",
+    "in_n", "ok_n", "koff_n", "mid_n", "back_n", "flat_n", "DELTA", "DK", "DO", "DQ", "DV", "FI",
+    "FN", "FWD_LSE", "LSE", "OUT", "PI", "PN", "TFI", "TFN", "TPI", "TPN", "GROUPED", "RANGES",
+    "BM", "BN", "BM2", "BN2", "part", "tiles", "tile_at", "row_tile", "row_blocks", "first_m",
+    "group_rows", "in_group", "acc", "owner", "partials", "totals", "scan_flags", "scan_parts",
+    "scan_part_blocks"})
+_MADE = re.compile(r"_.*|BLOCK_\w+|[knp]\d+|k_(?:begin|end|part)|totals_\d+|(?:acc|row|pair)_\d+"
+                   r"|(?:offs|pid|ax|tok|kstep|n|bm|part|size|out|count|base|seen|blocks|lo|hi"
+                   r"|ok|old|cs|sum|colpart)_\w+"
+                   r"|(?:st|nst|c|sv|acc|p|v)_\w+_\d+(?:_c\d+)?"
+                   r"|(?:fin|finref|ref|newref|sref|al|sh|lhs|rhs|t)_\w+"
+                   r"|\w+_(?:fused|sums|merge|elementwise|band_band|scan_\w+|scatter_\w+"
+                   r"|gemm_tiles\w*)")
+
+
+def template_may_write(name: str) -> bool:
+    """Whether a Triton template may write a variable, argument or function named ``name``
+    beside a kernel's own tensors and scalars (a superset: such a name is renamed in the
+    generated kernel, which costs nothing but the other name in its source)."""
+    return name in _WORDS or _MADE.fullmatch(name) is not None
 
 
 def shadowed_arguments(source: str) -> dict[str, list[str]]:
