@@ -27,9 +27,9 @@ def template_safe_names(program: Program) -> dict[str, str]:
     written by no template. Empty where none is."""
     taken = {p.name for p in program.params} | {c.name for c in program.computes} | \
         set(program.dim_names())
-    found = {}
+    found, computes = {}, {c.name for c in program.computes}
     for p in program.params:
-        if template_may_write(p.name):
+        if template_may_write(p.name, computes):
             other = f"arg_{p.name}"
             while other in taken or template_may_write(other):
                 other += "_"

@@ -214,7 +214,9 @@ def test_sizes_as_arguments_on_the_gpu_match_float64_at_every_size(name):
     assert len(builds) < len(sizes_list) and len(builds[0].sizes) >= 2   # 5000 and 5016 share
 
 
-def test_a_parameter_named_like_a_size_argument_keeps_that_size_exact():
+def test_a_parameter_named_like_a_size_argument_is_named_otherwise_and_the_size_is_one_too():
+    """``size_N`` is the name of N's argument: tf.compile names the scalar otherwise in the
+    generated kernel (``renamed_params``), and N is an argument as M is."""
     from tensorfuse import dsl as T
 
     @tf.kernel
@@ -225,7 +227,8 @@ def test_a_parameter_named_like_a_size_argument_keeps_that_size_exact():
     made = tf.compile(scaled, "cuda:sm_90a", dynamic=True)
     source = made.source(M=64, N=300)
     assert "size_M" in source and "tl.load" in source
-    assert re.search(r"def scaled_fused\(x, size_N, out_\w+, size_M,", source), source[:600]
+    assert re.search(r"def scaled_fused\(x, arg_size_N, out_\w+, size_M, size_N,", source), \
+        source[:600]
 
 
 def test_every_kind_of_compiled_kernel_lists_its_builds():

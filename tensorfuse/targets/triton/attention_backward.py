@@ -147,8 +147,8 @@ class _BackwardSource:
                                    "offs_n", "col_ok", N)
         self.dkdv_loop = self.blocks(self.dkdv_body, "TPN,TPI,TFN,TFI", str(self.nk1), self.nq1,
                                      "BM", "offs_m", "row_ok", M)
-        self.group = f"for g in range({plan.members}):\n" + _indent(self.member("g"), 1) + "\n" \
-            if plan.members > 1 or head is not None else "for g in range(1):\n"
+        self.group = f"for _g in range({plan.members}):\n" + _indent(self.member("_g"), 1) + \
+            "\n" if plan.members > 1 or head is not None else "for _g in range(1):\n"
         self.head_first = f"{batch_vars[head.uid]} = ax_hkv * {plan.group}" \
             if head is not None else ""
 
@@ -260,20 +260,20 @@ class _BackwardSource:
             # where every program's blocks of this kind are consecutive (RANGES has the list's
             # bit), the loop runs over them as a range from the first: its tiles' addresses
             # follow from the loop counter, and the loads are pipelined ahead as without a mask
-            listed = f"blk = tl.load({idx} + base * {count} + t)\n" + head_lines + body(with_mask)
+            listed = f"blk = tl.load({idx} + base * {count} + _t)\n" + head_lines + body(with_mask)
             ranged = head_lines + body(with_mask)
             first = f"first = tl.load({idx} + base * {count})\n"
             if self.interp:   # the interpreter takes no loop bound loaded from memory
-                loop = lambda inner: (f"for t in range(0, {count}):\n"  # noqa: E731
-                                      + _indent(f"if t < n_{num}:\n" + _indent(inner, 1), 1))
+                loop = lambda inner: (f"for _t in range(0, {count}):\n"  # noqa: E731
+                                      + _indent(f"if _t < n_{num}:\n" + _indent(inner, 1), 1))
                 text += (f"n_{num} = tl.load({num} + base)\nif RANGES & {RANGE_BITS[num]}:\n"
-                         + _indent(first + loop("blk = first + t\n" + ranged), 1)
+                         + _indent(first + loop("blk = first + _t\n" + ranged), 1)
                          + "\nelse:\n" + _indent(loop(listed), 1) + "\n")
             else:
                 text += (f"if RANGES & {RANGE_BITS[num]}:\n"
                          + _indent(first + f"for blk in range(first, first + tl.load({num} + "
                                    f"base)):\n" + _indent(ranged, 1), 1)
-                         + "\nelse:\n" + _indent(f"for t in range(0, tl.load({num} + base)):\n"
+                         + "\nelse:\n" + _indent(f"for _t in range(0, tl.load({num} + base)):\n"
                                                     + _indent(listed, 1), 1) + "\n")
         return text
 
@@ -421,12 +421,12 @@ def _tf_bwd_dkdv_dq({args}, BM: tl.constexpr, BN: tl.constexpr, BM2: tl.constexp
     # which fill the SMs while the last key blocks finish; head by head (its queries and output
     # gradients shared in L2), the first key blocks and the last query blocks (a causal mask's
     # longest) first
-    t = tl.program_id(0)
-    if t < {key_programs}:
-        _dkdv_block(t % {nk1}, t // {nk1}, {args}, BM, BN, RANGES)
+    _t = tl.program_id(0)
+    if _t < {key_programs}:
+        _dkdv_block(_t % {nk1}, _t // {nk1}, {args}, BM, BN, RANGES)
     else:
-        t = t - {key_programs}
-        _dq_block({nq2 - 1} - t % {nq2}, (t % {per_head}) // {nq2}, t // {per_head}, {args},
+        _t = _t - {key_programs}
+        _dq_block({nq2 - 1} - _t % {nq2}, (_t % {per_head}) // {nq2}, _t // {per_head}, {args},
                   BM2, BN2, True, RANGES)
 """
 
@@ -549,8 +549,10 @@ class AttentionBackwardKernels:
                   if p.name not in (plan.q.param.name, plan.k.param.name, plan.v.param.name)]
         values = [scalars[p.name] for p in plan.program.scalar_params]
         saved = lse.reshape(batch, M).contiguous() if lse is not None else lse2   # not read
-        args = [q, k, v, out.contiguous(), d_out.contiguous(), saved, lse2, delta, *grads,
-                *lists, *others, *values]
+        # O and dO in q's dtype, as the kernels read them (an output of f32, a bias table's
+        # scores: its dO went into a bf16 tl.dot with v — refused by Triton)
+        args = [q, k, v, out.to(q.dtype).contiguous(), d_out.to(q.dtype).contiguous(), saved,
+                lse2, delta, *grads, *lists, *others, *values]
         return args, ranges
 
     def compiled(self, target, saved_lse: bool = True, ranges: int = 0) -> list:

@@ -49,23 +49,23 @@ class SplitMerge:
                     w(f"acc_{m.name}_{sp.k}{sfx} = tl.full({shape}, {state_identity(sp)}, "
                       f"{state_type(sp)})")
             # up to 64 parts unrolled; more in a loop (a long sweep of very few row tiles)
-            w(f"for s in tl.static_range({self.splits}):" if self.splits <= 64 else
-              f"for s in range(0, {self.splits}):")
+            w(f"for _sp in tl.static_range({self.splits}):" if self.splits <= 64 else
+              f"for _sp in range(0, {self.splits}):")
             with w.block():
                 sym = {}
                 for sp in mine:
                     for c, sfx in chunks:
-                        at = self.part_at(sp, 's', c)
+                        at = self.part_at(sp, '_sp', c)
                         w(f"sv_{m.name}_{sp.k}{sfx} = "
                           f"{loaded_state(sp, f'tl.load({at}{FROM_L2})')}")
                     sym[f"{m.name}#{sp.k}"] = f"sv_{m.name}_{sp.k}"
                 for d in scheme.deps if scheme.kind != "reset" else ():
-                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', 's')}{FROM_L2})")
+                    w(f"sref_{d} = tl.load({self.part_at(f'part_ref_{d}', '_sp')}{FROM_L2})")
                     sym[f"{d}.old"], sym[f"{d}.new"] = f"sref_{d}", f"finref_{d}"
                 if scheme.kind == "reset":   # the part's exact running values, and the final
                     for d in scheme.deps:
                         state = next(sp for sp in self.plan.states if sp.member.name == d)
-                        at = self.part_at(state, "s")
+                        at = self.part_at(state, "_sp")
                         w(f"sval_{d} = {loaded_state(state, f'tl.load({at}{FROM_L2})')}")
                     sym.update(exact_symbols(scheme, "sval_{}", "fin_{}"))
                 if m.arity > 1:   # independent: the parts' states combined as the monoid does

@@ -317,7 +317,7 @@ class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
             w(f"seen_next = {self.realign.seen_next(self.N, tail)}")
         elif self.splits > 1:  # positions of this program's part covered so far (the last is short)
             w(f"seen_next = tl.minimum(seen + BLOCK_N, "
-              f"tl.minimum(lo + {self.per_split}, {self.N}) - lo)")
+              f"tl.minimum(_lo + {self.per_split}, {self.N}) - _lo)")
         elif self.N % self.knobs.block_n:
             w(f"seen_next = tl.minimum(seen + BLOCK_N, {self.N})")
         else:
@@ -509,16 +509,16 @@ class _RowTileSource(SplitMerge, RowOutputs, RowUpdates):
               f"{TL_DTYPES[kind]})")
         if self.splits > 1:  # this program's part of the axis; its states go to memory to merge
             w("pid_s = tl.program_id(2)")
-            w(f"lo = pid_s * {self.per_split}")
+            w(f"_lo = pid_s * {self.per_split}")
             if self.interpreter:  # no loop bounds computed from program ids in the interpreter
                 w(f"for blk in range(0, {host_int(str(self.per_split // knobs.block_n))}):")
                 with w.block():
-                    w("start_n = lo + blk * BLOCK_N")
+                    w("start_n = _lo + blk * BLOCK_N")
                     w(f"if start_n < {self.N}:")
                     with w.block():
                         self.chunk_body(True)
             else:
-                w.sweep("start_n", "lo", f"tl.minimum(lo + {self.per_split}, {self.N})",
+                w.sweep("start_n", "_lo", f"tl.minimum(_lo + {self.per_split}, {self.N})",
                         "BLOCK_N", self.stages)
                 with w.block():
                     self.chunk_body(True)

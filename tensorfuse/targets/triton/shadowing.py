@@ -18,32 +18,40 @@ import re
 from ...errors import TargetError
 
 
-# the names the Triton templates give their own variables, arguments and functions: fixed words,
-# and names made from a compute's, an axis's or the kernel's (``st_m_0``, ``offs_m``,
-# ``softmax_fused``); every name a generated kernel of a template writes, and every buffer it
-# takes, is one of them (tests/targets/test_shadowed_names.py)
+# the names the Triton templates give their own variables, arguments and functions: fixed words
+# (not names tensors commonly have: a template's plain loop variable is namespaced, ``_t``), names
+# made from the kernel's or an axis's (``softmax_fused``, ``offs_m``), and names made from a
+# compute's (``st_m_0``, ``fin_m``, ``out_o``); every name a generated kernel of a template
+# writes, and every buffer it takes, is one of them (tests/targets/test_shadowed_names.py)
 _WORDS = frozenset({
-    "s", "t", "g", "lo", "hi", "base", "first", "rest", "seen", "pid", "bh", "blk", "arrived",
-    "tl", "triton", "libdevice", "math", "col_ok", "row_ok", "row_at", "start_n", "end_m",
-    "in_n", "ok_n", "koff_n", "mid_n", "back_n", "flat_n", "DELTA", "DK", "DO", "DQ", "DV", "FI",
-    "FN", "FWD_LSE", "LSE", "OUT", "PI", "PN", "TFI", "TFN", "TPI", "TPN", "GROUPED", "RANGES",
-    "BM", "BN", "BM2", "BN2", "part", "tiles", "tile_at", "row_tile", "row_blocks", "first_m",
+    "seen", "seen_next", "base", "first", "rest", "pid", "bh", "blk", "arrived", "tl",
+    "triton", "libdevice", "math", "col_ok", "row_ok", "row_at", "start_n", "end_m", "in_n",
+    "ok_n", "koff_n", "mid_n", "back_n", "flat_n", "lo_n", "hi_n", "ok_p", "ok_c", "k0", "n0",
+    "p0", "k_begin", "k_end", "k_part", "n_begin", "n_end", "n_part", "count_full",
+    "count_partial", "base_full", "base_partial", "DELTA", "DK", "DO", "DQ", "DV", "FI", "FN",
+    "FWD_LSE", "LSE", "OUT", "PI", "PN", "TFI", "TFN", "TPI", "TPN", "GROUPED", "RANGES", "BM",
+    "BN", "BM2", "BN2", "part", "tiles", "tile_at", "row_tile", "row_blocks", "first_m",
     "group_rows", "in_group", "acc", "owner", "partials", "totals", "scan_flags", "scan_parts",
-    "scan_part_blocks"})
-_MADE = re.compile(r"_.*|BLOCK_\w+|[knp]\d+|k_(?:begin|end|part)|totals_\d+|(?:acc|row|pair)_\d+"
-                   r"|(?:offs|pid|ax|tok|kstep|n|bm|part|size|out|count|base|seen|blocks|lo|hi"
-                   r"|ok|old|cs|sum|colpart)_\w+"
-                   r"|(?:st|nst|c|sv|acc|p|v)_\w+_\d+(?:_c\d+)?"
-                   r"|(?:fin|finref|ref|newref|sref|al|sh|lhs|rhs|t)_\w+"
-                   r"|\w+_(?:fused|sums|merge|elementwise|band_band|scan_\w+|scatter_\w+"
-                   r"|gemm_tiles\w*)")
+    "scan_part_blocks", "part_count"})
+_FIXED = re.compile(r"_.*|BLOCK_\w+|(?:offs|pid|ax|bm|part|size|blocks|tok)_\w+|n_[A-Z]+"
+                    r"|(?:kstep|totals|acc|row|pair)_\d+"
+                    r"|\w+_(?:fused|sums|merge|elementwise|band_band|scan_\w+|scatter_\w+"
+                    r"|gemm_tiles\w*)")
+# a compute's states (``st_m_0``, a chunk's ``st_o_0_c1``) and values (``fin_m``, ``out_o``)
+_STATES = re.compile(r"(?:st|nst|c|sv|acc|p|v)_(\w+?)_\d+(?:_c\d+)?")
+_VALUES = re.compile(r"(?:fin|finref|ref|newref|sref|al|sh|lhs|rhs|t|old|sval|cs|sum|colpart"
+                     r"|out)_(\w+)")
 
 
-def template_may_write(name: str) -> bool:
+def template_may_write(name: str, computes: "set[str] | None" = None) -> bool:
     """Whether a Triton template may write a variable, argument or function named ``name``
-    beside a kernel's own tensors and scalars (a superset: such a name is renamed in the
-    generated kernel, which costs nothing but the other name in its source)."""
-    return name in _WORDS or _MADE.fullmatch(name) is not None
+    beside a kernel's own tensors and scalars — ``computes``: the program's compute names,
+    which the names made from a compute's take (None: any name in their place). A superset:
+    such a name is renamed in the generated kernel, which costs nothing but the other name."""
+    if name in _WORDS or _FIXED.fullmatch(name):
+        return True
+    made = _STATES.fullmatch(name) or _VALUES.fullmatch(name)
+    return made is not None and (computes is None or made.group(1) in computes)
 
 
 def shadowed_arguments(source: str) -> dict[str, list[str]]:
