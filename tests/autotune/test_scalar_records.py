@@ -446,3 +446,16 @@ def test_attention_rewritten_for_the_hopper_template_is_tuned_as_the_rewritten_p
     origin = tf.compile(kernel, "cuda:sm_90a").schedule_origin(**sizes, scale=0.088)
     assert "hopper_attention tuned record (0.03 ms" in origin, origin
     assert "block_n=64, stages=3" in origin, origin
+
+
+def test_a_kernel_with_renamed_arguments_is_tuned_as_tf_compile_looks_it_up(cache):
+    """A tensor named like a template's variable: the task tunes the renamed program
+    (``renamed_params``), and tf.compile finds that record for the kernel as written."""
+    from tests.targets.test_shadowed_names import scaled_softmax
+
+    kernel, sizes = scaled_softmax("seen", "first"), dict(M=64, N=300)
+    task = make_task(kernel, sizes, tf.get_target(TARGET), {"first": 2.0})
+    assert {p.name for p in task.kernel.program.params} == {"arg_seen", "w", "arg_first"}
+    _record(task, dict(zip(task.choices(), (v[-1] for v in task.choices().values()))), 1e-3)
+    origin = tf.compile(kernel, TARGET).schedule_origin(**sizes)
+    assert origin.startswith("arguments renamed; tuned record"), origin
