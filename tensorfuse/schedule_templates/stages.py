@@ -87,8 +87,14 @@ def plan_stages(program: Program, fits: Callable[[Program], bool]) -> tuple[Stag
         stored |= set(stage.reduces) | (set(stage.produces) & hoisted)
         left_outputs = [c for c in left_outputs if c.name not in stage.produces]
     if left_outputs:
-        stages.append(_asked(_stage(program, [], depends, stored, left_outputs,
-                                    with_outputs=True), fits))
+        last = _asked(_stage(program, [], depends, stored, left_outputs, with_outputs=True),
+                      fits)
+        apart = _by_axes(left_outputs)
+        # outputs over different axes (a gradient of x[i, j] and of y[j, i]): no template writes
+        # them in one pass — a stage each, each its own template's, not one on TVM's default
+        stages += [last] if last.templated or len(apart) == 1 else [
+            _asked(_stage(program, [], depends, stored, outs, with_outputs=True), fits)
+            for outs in apart]
     if len(stages) < 2:
         raise NotStageable(f"{program.name} is one stage already")
     return tuple(stages)
@@ -169,6 +175,14 @@ def _reductions_read(c: Compute, stop: set[str] = frozenset()) -> set[str]:
         elif d.name not in stop:
             pending.extend(d.inputs())
     return found
+
+
+def _by_axes(outputs: list[Compute]) -> list[list[Compute]]:
+    """``outputs`` in groups of those over the same axes in the same order, in order."""
+    groups: dict = {}
+    for c in outputs:
+        groups.setdefault(tuple(a.uid for a in c.axes), []).append(c)
+    return list(groups.values())
 
 
 def _ready_groups(ready: list[Compute], depends: dict, stored: set[str]):

@@ -175,6 +175,19 @@ def test_an_output_over_the_swept_axis_and_a_feature_is_refused_by_the_row_tiles
     assert origin.startswith("staged"), origin
 
 
+def test_outputs_over_different_axes_are_a_stage_each_on_the_elementwise_template():
+    """The gradient of a dot of x's rows with y's columns: d_x over (i, j), d_y over (j, i) —
+    no template writes both in one pass, and they ran on TVM's default schedule; now a stage
+    each, each the elementwise template's (their numbers: ``user_gradients_check``)."""
+    from tests.schedule_templates.user_written_extra_check import transposed_dot
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NoTemplateWarning)
+        origin = tf.compile(tf.grad(transposed_dot), "cuda:sm_90a").schedule_origin(M=300, N=200)
+    assert "[1] d_x from y, d_out: elementwise template" in origin, origin
+    assert "[2] d_y from x, d_out: elementwise template" in origin, origin
+
+
 def test_stage_templates_match_float64_in_the_interpreter():
     seed = fresh_seed()
     errors = run_interpreted("tests.schedule_templates.staged_floor", seed)

@@ -4,7 +4,8 @@ float64 autograd of the same math on fresh inputs, the incoming gradients random
 a row's halves (two reads of one tensor at different indices), a group norm (w and b per group
 and channel), a masked variance over long left-padded rows, a product with zeros, cross-entropy
 with ignored targets, an unbiased variance far from 0, a residual sum and its RMS norm (two
-outputs), a KL divergence of two logit rows. Through Triton's interpreter as ``tf.compile``
+outputs), a KL divergence of two logit rows, a dot of each row with a column read transposed
+and attention pooling (gradients over different axes: a stage each). Through Triton's interpreter as ``tf.compile``
 makes the backward for sm_90a (this module's ``__main__``) and through the CPU target
 (:mod:`tests.schedule_templates.test_user_written`).
 
@@ -18,6 +19,7 @@ from tensorfuse.autograd import sum_parts
 from tensorfuse.interop import torch_dtype
 from tests.schedule_templates import user_written_check as U
 from tests.schedule_templates import user_written_more_check as M
+from tests.schedule_templates.user_written_extra_check import attention_pool, transposed_dot
 from tests.schedule_templates.user_written_check import _randn
 
 def _group_norm(x, w, bias, eps):
@@ -73,6 +75,13 @@ CASES = {
                         (x + r).pow(2).mean(1, keepdim=True) + 1e-6) * w)),
     "kl_logits": (U.kl_logits, lambda g: dict(p=_randn(g, 37, 300), q=_randn(g, 37, 300)),
                   lambda p, q: (p.softmax(1) * (p.log_softmax(1) - q.log_softmax(1))).sum(1)),
+    "transposed_dot": (transposed_dot, lambda g: dict(x=_randn(g, 45, 70, dtype=torch.float32),
+                                                      y=_randn(g, 70, 45, dtype=torch.float32)),
+                       lambda x, y: (x * y.T).sum(1)),
+    "attention_pool": (attention_pool, lambda g: dict(
+        x=_randn(g, 3, 77, 40, dtype=torch.float32),
+        w=_randn(g, 40, scale=1.0, dtype=torch.float32)),
+        lambda x, w: (torch.softmax((x * w).sum(-1), 1)[..., None] * x).sum(1)),
 }
 
 
