@@ -134,6 +134,21 @@ def test_user_written_gradients_match_float64_in_the_triton_interpreter():
     assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
 
 
+@pytest.mark.gpu
+def test_user_written_gradients_match_float64_on_the_gpu():
+    """The same gradients as ``tf.compile`` makes them for the GPU at hand (the floor's stages,
+    each on its template)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from tests.schedule_templates.user_gradients_check import gradient_errors
+
+    seed = fresh_seed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        errors = gradient_errors(torch.Generator().manual_seed(seed), tf.compile, "cuda")
+    assert not _gradients_too_far(errors), f"{_gradients_too_far(errors)} (TENSORFUSE_SEED={seed})"
+
+
 # the more and the extra kernels' sizes on a GPU: rows of 1k-50k, attention of 4k keys
 GPU_SIZES = {"ce_ignore_index": dict(M=8192, V=32000), "mean_over_batch": dict(B=64, S=512, D=1024),
              "global_norm": dict(M=8192, N=8192), "int8_softmax": dict(M=8192, N=4096),
