@@ -1,14 +1,16 @@
 """A kernel whose tensors or scalars are named as a Triton template names its own variables
-(``s``: the attention template's scores; ``seen``, ``lo``, ``tl``, ``offs_m``, ``BLOCK_M``:
+(``seen``, ``base``, ``tl``, ``offs_m``, ``BLOCK_M``, a compute's state ``st_m_0``:
 :func:`~tensorfuse.targets.triton.shadowing.template_may_write`) run as the same program with
-those arguments named otherwise (``s`` → ``arg_s``).
+those arguments named otherwise (``seen`` → ``arg_seen``).
 
 The templates name a kernel's arguments after the program's, and a name they also give a
 variable of their own would be overwritten in the generated kernel, so such a program was refused
-by every Triton template and ran on TVM's default schedule — a user's scores passed in as ``s``,
-or a stage of the floor whose input is a compute named so (attention pooling's gradient reads the
-scores ``s``), fell to it with no way to rename around the stage's names. Renaming is a view of
-the call: the caller's arguments are handed on under the other names, nothing copied."""
+by every Triton template and ran on TVM's default schedule — a stage of the floor whose input is
+a compute named so too, with no way for the user to rename around the stage's names. Renaming is
+a view of the call: the caller's arguments are handed on under the other names, nothing copied.
+(Names tensors commonly have — ``s``, ``t``, ``g``, ``lo``, ``value``, ``scale`` — are no such
+names: the templates' own variables of those names are namespaced instead, ``_t``, ``_a_value``.)
+"""
 from __future__ import annotations
 
 import re

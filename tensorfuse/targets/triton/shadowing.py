@@ -1,7 +1,7 @@
 """A kernel argument that a generated Triton kernel's own variable would hide.
 
 The templates name a kernel's arguments after the program's tensors and scalars, and write their
-own variables beside them (``seen``, ``offs_m``, ``lo``, ``st_m_0``, ``tl`` …). A tensor named
+own variables beside them (``seen``, ``offs_m``, ``base``, ``st_m_0``, ``tl`` …). A tensor named
 like one of those was overwritten by it in the kernel: a load from a block offset, or a module
 where a pointer was expected — a Triton error far from the cause, or, in a kernel that only
 reassigns it after its last read, nothing seen at all. ``tf.compile`` gives a kernel's tensors
