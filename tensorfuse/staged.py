@@ -13,6 +13,7 @@ from .dsl.program import Program
 from .errors import NoTemplateWarning
 from .schedule_templates.stages import Stage
 from .targets import TargetSpec
+from .targets.signature_call import try_fast_call
 from .torch_graph import GraphCallable
 
 
@@ -71,8 +72,11 @@ class StagedKernel(GraphCallable):
         return f"<StagedKernel {self.program.name} for {self.target.name}: {self.description}>"
 
     def invoke(self, key, args: tuple, kwargs: dict):
-        if key is False:   # called as a kernel's inner one (a memory-order route's): its fast
-            key = signature_key(args, kwargs)   # call is kept under the call's own signature
+        # called without a key (a memory-order route's inner kernel): the fast call is kept and
+        # found under the call's own signature
+        key, fast, done = try_fast_call(self._fast, key, args, kwargs)
+        if done is not None:
+            return done
         if self._calls is None:
             self._calls = CallBinder(self.program, call_device(self.target))
         bound = self._calls(args, kwargs, key)
@@ -81,7 +85,7 @@ class StagedKernel(GraphCallable):
         # the stages' fast calls, while every stage has one and the call's tensors (its out=
         # arrays too: a memory-order route gives the inner kernel its outputs) are the user's
         # own (not copies made by the binding: NumPy arrays, other frameworks')
-        fasts = [] if key not in (None, False) and key not in self._fast and \
+        fasts = [] if key is not None and fast is None and \
             all(given.get(n) is t for n, t in bound.arrays.items()) and \
             _own_outputs(kwargs.get("out"), bound.outs) else None
         into = dict(zip((c.name for c in self.program.outputs), bound.outs)) \

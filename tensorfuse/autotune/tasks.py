@@ -255,11 +255,11 @@ def make_task(kernel, dims: dict, target: TargetSpec, scalars: dict | None = Non
         if fusion is not None:
             return TuningTask(kernel, dict(dims), target, "cpu_fused", fusion, scalars)
         return TuningTask(kernel, dict(dims), target, "cpu", scalars=scalars)
-    from ..schedule_templates.renamed_params import renamed_program, template_safe_names
+    from ..schedule_templates.renamed_params import with_safe_names
 
-    names = template_safe_names(kernel.program)
+    renamed, names = with_safe_names(kernel.program)
     if names:   # tf.compile runs it under other names (renamed_params): that program's records
-        return make_task(ProgramKernel(renamed_program(kernel.program, names)), dims, target,
+        return make_task(ProgramKernel(renamed), dims, target,
                          {names.get(n, n): v for n, v in scalars.items()})
     from ..schedule_templates.auto import choose, flat_templated, scatters
     from ..schedule_templates.elementwise import elementwise_form

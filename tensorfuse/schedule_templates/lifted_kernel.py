@@ -46,6 +46,9 @@ class LiftedKernel(GraphCallable):
     :meth:`inner_sizes`, :meth:`_views` and ``who``."""
 
     who = "lifted to four axes"
+    # name -> the inner program's name of that argument, where the lift renamed it
+    # (:mod:`.renamed_params`)
+    renamed: dict = {}
 
     def __init__(self, program, inserts: dict, inner, target, units=(UNIT_Q, UNIT_KV)):
         self.program, self.inserts, self.inner, self.target = program, inserts, inner, target
@@ -147,12 +150,13 @@ class LiftedKernel(GraphCallable):
         """The fast call of a signature (:func:`call_layout`'s ``params``, ``likes``, ``guards``)
         whose first call gave the inner kernel ``inner_kwargs``."""
         copied = self._copied(inner_kwargs)
-        shapes = {n: tuple(inner_kwargs[n].shape) for n, t in bound.arrays.items()
-                  if tuple(inner_kwargs[n].shape) != tuple(t.shape) and n not in copied}
+        inner = {n: inner_kwargs[self.renamed.get(n, n)] for n in bound.arrays}
+        shapes = {n: tuple(inner[n].shape) for n, t in bound.arrays.items()
+                  if tuple(inner[n].shape) != tuple(t.shape) and n not in copied}
         out = inner_kwargs["out"]
         out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
         return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, shapes,
-                              out_shapes, inner_fast, copied)
+                              out_shapes, inner_fast, copied, renamed=self.renamed)
 
     def _copied(self, inner_kwargs: dict) -> dict:
         """The tensors the inner kernel gets as new ones, not views: name → what makes it of

@@ -20,7 +20,7 @@ from ..algebra.exprs import rewrite_computes, rewritten_program, substitute
 from ..dsl.expr import Load, Scalar
 from ..dsl.program import Program, ProgramKernel, ScalarParam, TensorParam
 from ..targets.triton.shadowing import template_may_write
-from .lifted_kernel import LiftedFastCall, LiftedKernel
+from .lifted_kernel import LiftedKernel
 
 
 def template_safe_names(program: Program) -> dict[str, str]:
@@ -59,20 +59,26 @@ def renamed_program(program: Program, names: dict[str, str]) -> Program:
     return rewritten_program(program, params, rewrite_computes(program, rename))
 
 
+def with_safe_names(program: Program) -> tuple[Program, dict[str, str]]:
+    """``program`` with its arguments renamed by :func:`template_safe_names`, and the names
+    (``program`` itself and ``{}`` where none needs it): what ``tf.compile`` runs and tuning
+    keys its records by."""
+    names = template_safe_names(program)
+    return (renamed_program(program, names) if names else program), names
+
+
 def renamed_kernel(kernel, spec, compile_program) -> "RenamedKernel | None":
     """``kernel`` on ``spec`` (a GPU) as a kernel of its program renamed
     (:func:`template_safe_names`), compiled by ``compile_program(program kernel)``; None where
     no name needs it."""
-    names = template_safe_names(kernel.program)
+    program, names = with_safe_names(kernel.program)
     if not names:
         return None
     tuned_as = getattr(kernel, "tuned_as", None)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         inner = compile_program(ProgramKernel(
-            renamed_program(kernel.program, names),
-            tuned_as=None if tuned_as is None else renamed_program(tuned_as,
-                                                                   template_safe_names(tuned_as))))
+            program, tuned_as=None if tuned_as is None else with_safe_names(tuned_as)[0]))
     for w in said:   # what planning said of the program, in the caller's names
         warnings.warn_explicit(_named_back(str(w.message), names), w.category, w.filename,
                                w.lineno)
@@ -93,28 +99,18 @@ class RenamedKernel(LiftedKernel):
 
     def __init__(self, program: Program, names: dict[str, str], inner, target):
         super().__init__(program, {}, inner, target, ())
-        self.names = dict(names)
+        self.renamed = dict(names)
         self.lift = ("arguments renamed in the generated kernel (names its templates give "
                      "their own variables): " +
-                     ", ".join(f"{a} → {b}" for a, b in self.names.items()))
+                     ", ".join(f"{a} → {b}" for a, b in self.renamed.items()))
         self.description = f"{self.lift}; {inner.description}"
-
-    def inner_sizes(self, sizes: dict) -> dict:
-        return dict(sizes)
 
     def inner_dims(self, dims: dict) -> dict:
         """The sizes, and the scalars given by name among them under their other names."""
-        return {self.names.get(n, n): v for n, v in dims.items()}
+        return {self.renamed.get(n, n): v for n, v in dims.items()}
 
     def _views(self, values: dict, outs: list, dims: dict) -> list:
-        for name, other in self.names.items():
+        for name, other in self.renamed.items():
             if name in values:
                 values[other] = values.pop(name)
         return outs
-
-    def _fast_call(self, params, outputs, likes, guards, bound, inner_kwargs: dict, inner_fast):
-        out = inner_kwargs["out"]
-        out_shapes = [tuple(o.shape) for o in (out if isinstance(out, tuple) else (out,))]
-        return LiftedFastCall(params, outputs, bound.torch_device, likes, guards, {},
-                              out_shapes, inner_fast, renamed=self.names)
-

@@ -4,7 +4,6 @@ those arguments named otherwise (``schedule_templates/renamed_params.py``) — o
 TVM's default schedule —, a template applied to the names as written still refuses them with
 the name and what to do, and every name a template writes is one :func:`template_may_write`
 knows."""
-import ast
 import warnings
 
 import pytest
@@ -15,7 +14,7 @@ from tensorfuse import dsl as T
 from tensorfuse.errors import TargetError
 from tensorfuse.schedule_templates.renamed_params import RenamedKernel, template_safe_names
 from tensorfuse.targets.triton.shadowing import (check_arguments_unshadowed, shadowed_arguments,
-                                                 template_may_write)
+                                                 template_may_write, written_names)
 
 from tests.helpers import fresh_seed, relative_error
 
@@ -90,7 +89,7 @@ def test_a_template_applied_to_such_a_name_refuses_it_with_its_name(name):
 def test_tf_compile_names_it_otherwise_and_keeps_the_template(name):
     pytest.importorskip("triton", reason="the templates generate Triton kernels")
     made = tf.compile(scaled_softmax(name, "first"), target="cuda:sm_90a")
-    assert isinstance(made, RenamedKernel) and set(made.names) == {name, "first"}
+    assert isinstance(made, RenamedKernel) and set(made.renamed) == {name, "first"}
     assert made.schedule_origin(M=64, N=300) == "arguments renamed; template defaults"
     source = made.source(M=64, N=300)
     check_arguments_unshadowed(source)
@@ -129,22 +128,14 @@ def test_planning_speaks_of_the_arguments_by_their_own_names():
 
 
 def _written_names(source: str) -> set[str]:
-    """The names a generated source's kernels write: variables, module-level names, their
-    constants (``BLOCK_M: tl.constexpr``)."""
-    from tensorfuse.targets.triton.shadowing import _jitted, _replaced
-
+    """The names a generated source's kernels write (:func:`written_names`) — but the integer
+    helpers' (``_floordiv(a, b)``: no tensor is ever theirs); none for CUDA C++ (a native
+    template's)."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:   # CUDA C++ (a native template's)
+        written = written_names(source)
+    except SyntaxError:
         return set()
-    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and _jitted(n)):
-        if fn.name not in ("_floordiv", "_floormod"):   # of two ints, a and b: no tensor's
-            names |= _replaced(fn) | {a.arg for a in fn.args.args if a.annotation is not None}
-    return names
+    return set().union(*(n for k, n in written.items() if k not in ("_floordiv", "_floormod")))
 
 
 def test_every_name_the_templates_write_is_one_they_may_write():
@@ -171,7 +162,7 @@ def _interpreted_errors() -> dict:
     g = torch.Generator().manual_seed(fresh_seed())
     errors = {}
     made = tf.compile(scaled_softmax("seen", scalar="first"), target="cuda:sm_90a")
-    run = RenamedKernel(made.program, made.names, made.inner.template, made.target)
+    run = RenamedKernel(made.program, made.renamed, made.inner.template, made.target)
     x, w = torch.randn(37, 300, generator=g) * 3, torch.rand(300, generator=g)
     want = torch.softmax(x.double(), -1) * w.double() * 2.5
     out = torch.full((37, 300), float("nan"))
@@ -180,7 +171,7 @@ def _interpreted_errors() -> dict:
                             relative_error(run(x, w, 2.5, out=out), want),
                             relative_error(out, want))
     made = tf.compile(scored_attention, target="cuda:sm_90a")
-    run = RenamedKernel(made.program, made.names, made.inner.template, made.target)
+    run = RenamedKernel(made.program, made.renamed, made.inner.template, made.target)
     s, v = torch.randn(2, 40, 70, generator=g) * 4, torch.randn(2, 70, 32, generator=g)
     errors["attention"] = relative_error(run(base=s, v=v),
                                          torch.softmax(s.double(), -1) @ v.double())

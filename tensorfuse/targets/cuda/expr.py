@@ -36,6 +36,11 @@ _BINARY = {"add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "(
 # Hopper GEMM's epilogue made ptxas serialise its wgmma (warning C7520), these do not
 _ROUNDED = {"bf16": "__bfloat162float(__float2bfloat16_rn({}))",
             "f16": "__half2float(__float2half_rn({}))"}
+# integer operands keep CUDA's integer overloads: fminf/fmaxf made an index arithmetic's clamp a
+# float (a bias table's bucket min(i - j, R - 1)), and nvcc then refused the int clamp of the
+# table's index around it (max(float, int)). (abs stays fabsf: the neighbourhood mask's
+# |i - j| ≤ r is emitted so, and its SASS moves with abs(): not measured yet)
+_INTEGER = {"max": "max({}, {})", "min": "min({}, {})"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -119,11 +124,11 @@ def to_cuda(e: Expr, refs: dict[str, str], what: str, axes: dict | None = None,
             raise ScheduleError(f"{what} reads {e.compute.name}, which this kernel does not keep",
                                 e.loc)
         return refs[e.compute.name]
+    if isinstance(e, (Unary, Binary)) and e.op in _INTEGER and \
+            not any(dt.is_float(x.dtype) for x in e.children()):
+        return _INTEGER[e.op].format(*map(sub, e.children()))
     if isinstance(e, Unary) and e.op in _UNARY:
         return _UNARY[e.op].format(sub(e.a))
-    if isinstance(e, Binary) and e.op in ("max", "min") and not dt.is_float(e.a.dtype) and \
-            not dt.is_float(e.b.dtype):   # an index clamped: CUDA's int max/min, not fmaxf's
-        return f"{e.op}({sub(e.a)}, {sub(e.b)})"   # float (nvcc refuses max(float, int) next)
     if isinstance(e, Binary) and e.op in _BINARY:
         return _BINARY[e.op].format(sub(e.a), sub(e.b))
     if isinstance(e, Compare):

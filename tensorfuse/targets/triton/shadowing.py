@@ -54,11 +54,14 @@ def template_may_write(name: str, computes: "set[str] | None" = None) -> bool:
     return made is not None and (computes is None or made.group(1) in computes)
 
 
-def shadowed_arguments(source: str) -> dict[str, list[str]]:
-    """Per kernel (a function of ``source`` decorated ``@triton.jit``), the arguments that the
-    function replaces (:func:`_replaced`) or that name a module-level binding (an import, a
-    helper function)."""
-    tree = ast.parse(source)
+def written_names(source: str) -> dict[str, set[str]]:
+    """Per kernel (a function of ``source`` decorated ``@triton.jit``), the names it writes
+    beside its arguments: those it replaces (:func:`_replaced`), the module-level bindings (an
+    import, a helper function) and its constants (``BLOCK_M: tl.constexpr``)."""
+    return _written(ast.parse(source))
+
+
+def _written(tree: ast.Module) -> dict[str, set[str]]:
     module_names = set()
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -68,10 +71,21 @@ def shadowed_arguments(source: str) -> dict[str, list[str]]:
         elif isinstance(node, ast.Assign):
             module_names |= {n.id for t in node.targets for n in ast.walk(t)
                              if isinstance(n, ast.Name)}
+    return {fn.name: _replaced(fn) | module_names |
+            {a.arg for a in fn.args.args if a.annotation is not None}
+            for fn in tree.body if isinstance(fn, ast.FunctionDef) and _jitted(fn)}
+
+
+def shadowed_arguments(source: str) -> dict[str, list[str]]:
+    """Per kernel (a function of ``source`` decorated ``@triton.jit``), the arguments that the
+    function replaces or that name a module-level binding (:func:`written_names`; a constant is
+    its own argument)."""
+    tree = ast.parse(source)
+    written = _written(tree)
     found = {}
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and _jitted(n)):
-        args = {a.arg for a in fn.args.args}
-        hidden = sorted(args & (_replaced(fn) | module_names))
+        args = {a.arg for a in fn.args.args if a.annotation is None}
+        hidden = sorted(args & written[fn.name])
         if hidden:
             found[fn.name] = hidden
     return found
