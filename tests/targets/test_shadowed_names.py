@@ -118,6 +118,31 @@ def test_the_other_names_are_free_and_written_by_no_template():
     assert not any(template_may_write(n) for n in names.values())
 
 
+def test_a_renamed_kernels_fast_call_hands_the_inner_fast_call_the_other_names():
+    """The fast call a renamed kernel keeps (the lifted kernels' own, given the names): the
+    caller's tensors and scalars reach the inner kernel's fast call under the other names, its
+    outputs the caller's."""
+    from types import SimpleNamespace
+
+    kernel = scaled_softmax("seen", "first")
+    made = RenamedKernel(kernel.program, {"seen": "arg_seen", "first": "arg_first"},
+                         SimpleNamespace(description="inner"), tf.get_target("cuda:sm_90a"))
+    given = []
+
+    def inner_fast(args, kwargs):
+        given.append(kwargs)
+        return kwargs["out"]
+    x, w, out = torch.randn(4, 8), torch.randn(8), torch.empty(4, 8)
+    bound = SimpleNamespace(arrays={"seen": x, "w": w}, torch_device="cpu")
+    fast = made._fast_call([("seen", 0, True), ("w", 1, True), ("first", 2, float)],
+                           [("out", (4, 8), "f32")], [0], [], bound,
+                           {"arg_seen": x, "w": w, "arg_first": 2.0, "out": out}, inner_fast)
+    got = fast((x, w, 3), {})
+    assert set(given[-1]) == {"arg_seen", "w", "arg_first", "out"}
+    assert given[-1]["arg_seen"] is x and given[-1]["arg_first"] == 3.0
+    assert got.shape == (4, 8) and given[-1]["out"].data_ptr() == got.data_ptr()
+
+
 def test_planning_speaks_of_the_arguments_by_their_own_names():
     """What planning the renamed program warns of names the caller's tensors."""
     with warnings.catch_warnings(record=True) as said:
